@@ -1,0 +1,159 @@
+"""The `sbd` command: a thin layer over the library. User mistakes print one line and exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+from .errors import SBDError
+
+
+def _gamma(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if math.isnan(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (inf allowed), got {text!r}")
+    return value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _add_init(sub) -> None:
+    p = sub.add_parser("init", help="create a small random model and its tokenizer in a folder",
+                       description="Create a randomly initialised Llama-style model (or another family) with a "
+                                   "byte-level BPE tokenizer trained on --corpus and an SBD mask token. Its output "
+                                   "is random text until it is trained.")
+    p.add_argument("--out", required=True, help="folder to write the model to (created)")
+    p.add_argument("--arch", default="llama", choices=["llama", "qwen2", "qwen3", "mistral"],
+                   help="model family (default: llama)")
+    p.add_argument("--corpus", help="text file to train the tokenizer on (default: a few built-in sentences)")
+    p.add_argument("--vocab-size", type=_positive, default=512, help="tokenizer vocabulary size (default: 512)")
+    p.add_argument("--hidden", type=_positive, default=128, help="hidden size (default: 128)")
+    p.add_argument("--layers", type=_positive, default=4, help="number of transformer layers (default: 4)")
+    p.add_argument("--heads", type=_positive, default=4, help="attention heads (default: 4)")
+    p.add_argument("--kv-heads", type=_positive, default=2, help="key/value heads (default: 2)")
+    p.add_argument("--context", type=_positive, default=1024, help="maximum sequence length (default: 1024)")
+    p.add_argument("--seed", type=int, default=0, help="initialisation seed (default: 0)")
+
+
+def _add_generate(sub) -> None:
+    p = sub.add_parser("generate", help="decode prompts with SBD or NTP and print text and statistics",
+                       description="Decode each prompt with Set Block Decoding (or plain next-token decoding) "
+                                   "and print the text, the forward passes (NFE), tokens per forward and tokens/s.")
+    p.add_argument("prompts", nargs="+", help="one or more prompts (each a string)")
+    p.add_argument("--model", required=True, help="local Hugging Face model folder (safetensors)")
+    p.add_argument("--method", default="sbd", choices=["sbd", "ntp"],
+                   help="sbd: set block decoding; ntp: one token per forward (default: sbd)")
+    p.add_argument("--block-size", type=_positive, default=16, help="tokens per block (default: 16)")
+    p.add_argument("--gamma", type=_gamma, default=0.35,
+                   help="EB-sampler bound: 0 reveals one token per forward, inf a whole block (default: 0.35)")
+    p.add_argument("--proxy", default="entropy", choices=["entropy", "confidence", "margin"],
+                   help="uncertainty proxy the EB sampler sorts by (default: entropy)")
+    p.add_argument("--max-new-tokens", type=_positive, default=128, help="generation budget (default: 128)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
+    p.add_argument("--seed", type=int, default=None, help="seed for sampling at temperature > 0")
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("--compare", action="store_true", help="run NTP and SBD on the same prompts, side by side")
+    p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sbd", description="Set Block Decoding for language models.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_init(sub)
+    _add_generate(sub)
+    return parser
+
+
+def _stats(result) -> dict:
+    return {
+        "NFE": sum(result.nfe),
+        "tokens": result.num_tokens,
+        "tokens/forward": f"{result.tokens_per_forward:.2f}",
+        "tokens/s": f"{result.tokens_per_second:.1f}",
+        "seconds": f"{result.seconds:.3f}",
+    }
+
+
+def _print_table(columns: dict[str, dict]) -> None:
+    names = list(columns)
+    keys = list(next(iter(columns.values())))
+    width = max(len(k) for k in keys) + 2
+    print("".ljust(width) + "".join(n.rjust(14) for n in names))
+    for k in keys:
+        print(k.ljust(width) + "".join(str(columns[n][k]).rjust(14) for n in names))
+
+
+def cmd_init(args) -> None:
+    from pathlib import Path
+
+    from . import tiny
+
+    texts = tiny.SAMPLE_TEXT
+    if args.corpus:
+        path = Path(args.corpus)
+        if not path.is_file():
+            raise SBDError(f"corpus file {args.corpus!r} does not exist")
+        texts = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        if not texts:
+            raise SBDError(f"corpus file {args.corpus!r} is empty")
+    if args.hidden % args.heads or args.heads % args.kv_heads:
+        raise SBDError("--hidden must be divisible by --heads, and --heads by --kv-heads")
+    model, tokenizer = tiny.create(args.out, arch=args.arch, texts=texts, vocab_size=args.vocab_size,
+                                   seed=args.seed, hidden=args.hidden, layers=args.layers, heads=args.heads,
+                                   kv_heads=args.kv_heads, context=args.context)
+    n = sum(p.numel() for p in model.parameters())
+    print(f"wrote a random {args.arch} model ({n / 1e6:.2f}M parameters, vocabulary {len(tokenizer)}) to {args.out}")
+
+
+def cmd_generate(args) -> None:
+    from .generate import generate
+    from .loading import load
+
+    model, tokenizer = load(args.model, device=args.device)
+    methods = ["ntp", "sbd"] if args.compare else [args.method]
+    kw = dict(block_size=args.block_size, gamma=args.gamma, proxy=args.proxy, max_new_tokens=args.max_new_tokens,
+              temperature=args.temperature, seed=args.seed, stop=args.stop)
+    results = {}
+    for method in methods:
+        generate(model, tokenizer, args.prompts, method=method, **{**kw, "max_new_tokens": 2})  # warm-up
+        results[method] = generate(model, tokenizer, args.prompts, method=method, **kw)
+    for i, prompt in enumerate(args.prompts):
+        print(f"=== prompt {i + 1}: {prompt!r}")
+        for method, r in results.items():
+            print(f"--- {method} ({r.nfe[i]} forwards, {len(r.token_ids[i])} tokens)")
+            print(r.texts[i])
+    print()
+    _print_table({m.upper(): _stats(r) for m, r in results.items()})
+    if args.compare:
+        ntp, sbd = results["ntp"], results["sbd"]
+        print(f"NFE speedup {sum(ntp.nfe) / max(1, sum(sbd.nfe)):.2f}x, "
+              f"wall-clock speedup {ntp.seconds / sbd.seconds:.2f}x (one run each, after warm-up)")
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        {"init": cmd_init, "generate": cmd_generate}[args.command](args)
+    except SBDError as e:
+        print(f"sbd: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("sbd: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

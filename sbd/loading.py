@@ -1,0 +1,98 @@
+"""Loading a local Hugging Face model for SBD, and giving it a mask token."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+
+from .errors import SBDError
+from .probe import probe_model
+
+RESERVED = re.compile(r"reserved|unused", re.IGNORECASE)
+MASK_TOKEN = "<|mask|>"
+
+
+def _check_model_dir(path: Path) -> None:
+    if not path.exists():
+        raise SBDError(f"model path {str(path)!r} does not exist")
+    if not path.is_dir():
+        raise SBDError(f"model path {str(path)!r} is not a directory (expected a Hugging Face model folder)")
+    if not (path / "config.json").is_file():
+        raise SBDError(f"{str(path)!r} is not a model directory: it has no config.json")
+    if not any(path.glob("*.safetensors")):
+        raise SBDError(f"{str(path)!r} has no .safetensors weights (sbd loads safetensors only)")
+    try:
+        json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise SBDError(f"{str(path)!r}: config.json is not valid JSON ({e})") from None
+
+
+def load(path, *, device: str | None = None, dtype: torch.dtype | None = None,
+         trust_remote_code: bool = False, probe: bool = True):
+    """(model, tokenizer) from a local model directory, with SDPA attention, in eval mode.
+
+    dtype defaults to float32 on CPU (faster than bf16 there) and to the checkpoint's dtype elsewhere.
+    The model must pass the conformance probe (`sbd.probe.probe_model`) unless `probe=False`.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    path = Path(path)
+    _check_model_dir(path)
+    device = device or "cpu"
+    if dtype is None:
+        dtype = torch.float32 if device == "cpu" else "auto"
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, attn_implementation="sdpa", use_safetensors=True, dtype=dtype,
+            trust_remote_code=trust_remote_code,
+        )
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except SBDError:
+        raise
+    except Exception as e:  # transformers raises many types for a folder it cannot use
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise SBDError(f"cannot load a causal LM from {str(path)!r}: {first}") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        hf_logging.enable_progress_bar()
+    model.to(device).eval()
+    if probe:
+        probe_model(model)
+    return model, tokenizer
+
+
+def _reserved_token(tokenizer, n_embeddings: int) -> int | None:
+    """The lowest-id reserved/unused special token the embedding table already has, if any."""
+    candidates = [i for tok, i in tokenizer.get_added_vocab().items() if RESERVED.search(tok) and i < n_embeddings]
+    return min(candidates) if candidates else None
+
+
+def add_mask_token(model, tokenizer) -> int:
+    """Give `model` a mask token and record its id as `model.config.sbd_mask_token_id`.
+
+    Reuses the tokenizer's mask token or a reserved/unused special token when there is one;
+    otherwise adds `<|mask|>` and resizes the embeddings. Idempotent.
+    """
+    existing = getattr(model.config, "sbd_mask_token_id", None)
+    if existing is not None:
+        return int(existing)
+    n_embeddings = model.get_input_embeddings().num_embeddings
+    mask_id = tokenizer.mask_token_id if getattr(tokenizer, "mask_token", None) else None
+    if mask_id is None or mask_id >= n_embeddings:
+        mask_id = _reserved_token(tokenizer, n_embeddings)
+    if mask_id is None:
+        tokenizer.add_special_tokens({"mask_token": MASK_TOKEN})
+        mask_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
+        if mask_id >= n_embeddings:
+            model.resize_token_embeddings(mask_id + 1)
+    elif getattr(tokenizer, "mask_token", None) is None:
+        tokenizer.mask_token = tokenizer.convert_ids_to_tokens(mask_id)
+    model.config.sbd_mask_token_id = int(mask_id)
+    return int(mask_id)

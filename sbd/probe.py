@@ -1,0 +1,69 @@
+"""Conformance probe: does this model honour what SBD decoding relies on?
+
+SBD talks to a model only through `input_ids`, `position_ids`, a 4-D bool `attention_mask` and a
+KV cache. An architecture (or attention backend) that ignores or misreads one of them would decode
+wrongly without failing, so `sbd.load` runs these checks on the loaded model and refuses it instead.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .cache import slab_cache
+from .errors import SBDError
+from .masks import inference_mask
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, tol: float) -> bool:
+    a, b = a.float(), b.float()
+    return bool((a - b).abs().max() <= tol * (1.0 + a.abs().max()))
+
+
+def probe_model(model, prefix_len: int = 8, block: int = 4, seed: int = 0) -> None:
+    """Raise SBDError naming the first property the model fails. Runs a handful of tiny forwards."""
+    name = type(model).__name__
+    device = model.get_input_embeddings().weight.device
+    dtype = model.get_input_embeddings().weight.dtype
+    tol = 1e-3 if dtype == torch.float32 else 5e-2
+    vocab = model.get_input_embeddings().num_embeddings
+    g = torch.Generator().manual_seed(seed)
+    n = prefix_len + block
+    ids = torch.randint(0, vocab, (1, n), generator=g).to(device)
+    pos = torch.arange(n, device=device)[None]
+    pad = torch.zeros(1, dtype=torch.long, device=device)
+    causal = inference_mask(pad, 0, n, 0)
+    blockwise = inference_mask(pad, 0, prefix_len, block)
+
+    def run(input_ids, position_ids, mask, cache=None):
+        return model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
+                     past_key_values=cache, use_cache=cache is not None).logits
+
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            plain = model(input_ids=ids).logits
+            ours = run(ids, pos, causal)
+            if not _close(plain, ours, tol):
+                raise SBDError(f"{name} does not read a 4-D bool attention mask as 'True = attend' "
+                               "(load it with attn_implementation='sdpa')")
+            full = run(ids, pos, blockwise)
+            changed = ids.clone()
+            changed[0, -1] = (changed[0, -1] + 1) % vocab
+            seen = run(changed, pos, blockwise)
+            if _close(full[:, prefix_len], seen[:, prefix_len], 1e-6):
+                raise SBDError(f"{name} ignores non-causal entries of a 4-D attention mask "
+                               "(its attention applies its own causal mask)")
+            if not _close(full[:, :prefix_len], seen[:, :prefix_len], tol):
+                raise SBDError(f"{name} lets a position attend to tokens the 4-D mask hides")
+            shifted = pos.clone()
+            shifted[0, prefix_len:] += 3
+            if _close(run(ids, shifted, blockwise)[:, prefix_len:], full[:, prefix_len:], 1e-6):
+                raise SBDError(f"{name} ignores position_ids")
+            cache = slab_cache(model, n)
+            run(ids[:, :prefix_len], pos[:, :prefix_len], causal[..., :prefix_len, :prefix_len], cache)
+            cached = run(ids[:, prefix_len:], pos[:, prefix_len:], inference_mask(pad, prefix_len, 0, block), cache)
+            if not _close(cached, full[:, prefix_len:], tol):
+                raise SBDError(f"{name} gives different logits with a KV cache than without one")
+    finally:
+        model.train(was_training)

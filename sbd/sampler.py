@@ -1,0 +1,69 @@
+"""The EB-Sampler rule of SPEC §4 and the choice of the revealed tokens.
+
+`eb_reveal` sorts the still-masked positions of each row by an error proxy (lower = more certain)
+and reveals the largest prefix whose proxy sum, leaving out its largest member, is at most γ.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+PROXIES = ("entropy", "confidence", "margin")
+
+
+def error_proxy(logits: torch.Tensor, proxy: str = "entropy") -> torch.Tensor:
+    """Per-position uncertainty of the full predictive distribution, fp32, (…, V) → (…).
+
+    entropy: Shannon entropy in nats. confidence: 1 − p(top-1). margin: 1 − (p(top-1) − p(top-2)).
+    NaN or ±inf logits give a non-finite proxy, which the decoding loop turns into an error.
+    """
+    probs = torch.softmax(logits.float(), dim=-1)
+    if proxy == "entropy":
+        return torch.special.entr(probs).sum(-1)
+    if proxy == "confidence":
+        return 1.0 - probs.amax(-1)
+    if proxy == "margin":
+        top = probs.topk(2, dim=-1).values
+        return 1.0 - (top[..., 0] - top[..., 1])
+    raise ValueError(f"unknown proxy {proxy!r}; choose one of {', '.join(PROXIES)}")
+
+
+def reveal_from_proxy(h: torch.Tensor, masked: torch.Tensor, gamma: float) -> torch.Tensor:
+    """The EB rule on precomputed proxies `h` (B, k) for the `masked` (B, k) positions.
+
+    Ties are broken by lower position first (stable sort). Rows with no mask reveal nothing; rows
+    with any mask reveal at least one position.
+    """
+    h = h.double().clamp_min(0.0).masked_fill(~masked, math.inf)
+    h_sorted, order = torch.sort(h, dim=-1, stable=True)
+    valid = masked.gather(-1, order)
+    h_sorted = h_sorted.masked_fill(~valid, 0.0)
+    total = h_sorted.cumsum(-1)
+    before = torch.cat([torch.zeros_like(total[..., :1]), total[..., :-1]], dim=-1)
+    keep = valid & (before <= gamma)
+    return torch.zeros_like(masked).scatter(-1, order, keep)
+
+
+def eb_reveal(
+    logits: torch.Tensor, masked: torch.Tensor, gamma: float, proxy: str = "entropy"
+) -> torch.Tensor:
+    """Positions to reveal this step (SPEC §4): `logits` (B, k, V), `masked` (B, k) bool → (B, k) bool."""
+    if logits.dim() != 3 or masked.shape != logits.shape[:2]:
+        raise ValueError("eb_reveal expects logits (B, k, V) and masked (B, k)")
+    if math.isnan(gamma) or gamma < 0:
+        raise ValueError(f"gamma must be a number >= 0, got {gamma}")
+    return reveal_from_proxy(error_proxy(logits, proxy), masked, gamma)
+
+
+def pick_tokens(
+    logits: torch.Tensor, temperature: float = 0.0, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Argmax at temperature 0, otherwise a seeded sample from softmax(logits / temperature)."""
+    if temperature <= 0:
+        return logits.argmax(-1)
+    noise = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
+    noise.exponential_(generator=generator)
+    # Gumbel-max in its exponential form: argmax p / E with E ~ Exp(1) samples from p.
+    return (torch.softmax(logits.float() / temperature, dim=-1) / noise).argmax(-1)
