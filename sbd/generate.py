@@ -212,7 +212,7 @@ def sbd_decode(rows: Rows, ids: torch.Tensor, out: Outputs, eos: torch.Tensor, m
             reveal = reveal_from_proxy(h, todo, gamma)
             block = torch.where(reveal, pick_tokens(logits, temperature, gen), block)
             masked &= ~reveal
-            nfe += live
+            nfe += todo.any(-1)  # rows whose block is already revealed ride along without counting
             when = torch.where(reveal, nfe[:, None], when)
             known = (~masked).cumprod(-1).bool()  # revealed with every earlier position revealed
             hit = (torch.isin(block, eos) & known).any(-1) & live

@@ -1,0 +1,58 @@
+"""Shared tiny models: random weights with a scaled output layer, so that logits are decisive and token
+equality between two decoding paths means something."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from sbd import tiny
+
+torch.set_num_threads(2)
+ARCHS = tiny.ARCHS
+LOGIT_SCALE = 150.0  # a mix of near-certain and uncertain positions: the EB rule has choices to make
+
+
+@functools.lru_cache(maxsize=None)
+def _tokenizer():
+    return tiny.build_tokenizer(vocab_size=400)
+
+
+@functools.lru_cache(maxsize=None)
+def _model(arch: str, seed: int = 0):
+    tok = _tokenizer()
+    cfg = tiny.tiny_config(arch, vocab_size=len(tok), hidden=64, layers=2, heads=4, kv_heads=2, context=512)
+    cfg.eos_token_id = tok.eos_token_id
+    model = tiny.random_model(cfg, seed=seed, logit_scale=LOGIT_SCALE)
+    model.config.sbd_mask_token_id = tok.mask_token_id
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    return model
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return _tokenizer()
+
+
+@pytest.fixture(params=ARCHS)
+def arch(request):
+    return request.param
+
+
+@pytest.fixture
+def model(arch):
+    return _model(arch)
+
+
+@pytest.fixture
+def llama():
+    return _model("llama")
+
+
+def random_prompts(n: int, vocab: int, lengths=(3, 11, 6, 1, 17), seed: int = 0) -> list[list[int]]:
+    """Token-id prompts of different lengths that avoid the special tokens (ids 0-2)."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (lengths[i % len(lengths)],), generator=g).tolist() for i in range(n)]
