@@ -65,5 +65,10 @@ def probe_model(model, prefix_len: int = 8, block: int = 4, seed: int = 0) -> No
             cached = run(ids[:, prefix_len:], pos[:, prefix_len:], inference_mask(pad, prefix_len, 0, block), cache)
             if not _close(cached, full[:, prefix_len:], tol):
                 raise SBDError(f"{name} gives different logits with a KV cache than without one")
+    except SBDError:
+        raise
+    except Exception as e:  # a model that cannot even run these calls is refused the same way
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise SBDError(f"{name} failed the SBD conformance probe: {first}") from None
     finally:
         model.train(was_training)
