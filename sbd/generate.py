@@ -205,7 +205,7 @@ def sbd_decode(rows: Rows, ids: torch.Tensor, out: Outputs, eos: torch.Tensor, m
         while True:
             logits = rows.forward(inputs, n_commit=n_commit, n_logits=k)
             n_commit = 0
-            logits[..., mask_id] = -math.inf  # the mask token is never a revealed value
+            logits[..., mask_id] = torch.finfo(logits.dtype).min  # never reveal the mask token itself
             h = error_proxy(logits, proxy)
             _check_finite(h)
             todo = masked & live[:, None]

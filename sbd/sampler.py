@@ -19,9 +19,10 @@ def error_proxy(logits: torch.Tensor, proxy: str = "entropy") -> torch.Tensor:
     entropy: Shannon entropy in nats. confidence: 1 − p(top-1). margin: 1 − (p(top-1) − p(top-2)).
     NaN or ±inf logits give a non-finite proxy, which the decoding loop turns into an error.
     """
+    if proxy == "entropy":  # via log-softmax: p·log p on denormal probabilities is very slow on CPU
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        return -(logp.exp() * logp).sum(-1)
     probs = torch.softmax(logits.float(), dim=-1)
-    if proxy == "entropy":
-        return torch.special.entr(probs).sum(-1)
     if proxy == "confidence":
         return 1.0 - probs.amax(-1)
     if proxy == "margin":
