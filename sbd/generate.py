@@ -79,17 +79,22 @@ class Rows:
         self.length = 0
         self.observer = observer
         self.keep_kw = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._key = None
 
     def forward(self, tokens: torch.Tensor, n_commit: int, n_logits: int) -> torch.Tensor:
         """Feed `tokens` (B, q): the first `n_commit` causally (kept in the cache), the rest as one
         bidirectional block (scratch, dropped after the call). Returns the last `n_logits` logits."""
         q = tokens.shape[1]
-        pos = (self.length + torch.arange(q, device=tokens.device))[None] - self.pad[:, None]
-        mask = inference_mask(self.pad, self.length, n_commit, q - n_commit)
+        key = (self.length, n_commit, q)
+        if key != self._key:  # the forwards inside a block share positions and mask: build them once
+            pos = (self.length + torch.arange(q, device=tokens.device))[None] - self.pad[:, None]
+            self._pos, self._mask = pos.clamp_min(0), inference_mask(self.pad, self.length, n_commit, q - n_commit)
+            self._key = key
+        pos, mask = self._pos, self._mask
         kw = {"logits_to_keep": n_logits} if self.keep_kw else {}
         out = self.model(
             input_ids=tokens,
-            position_ids=pos.clamp_min(0),
+            position_ids=pos,
             attention_mask=mask,
             past_key_values=self.cache,
             use_cache=True,
@@ -99,14 +104,14 @@ class Rows:
         crop(self.cache, q - n_commit)
         self.length += n_commit
         if self.observer is not None:
-            self.observer(ForwardRecord(tokens, pos.clamp_min(0), mask, logits, n_commit, self.cache, self.rows))
+            self.observer(ForwardRecord(tokens, pos, mask, logits, n_commit, self.cache, self.rows))
         return logits
 
     def keep(self, live: torch.Tensor, *tensors: torch.Tensor) -> list[torch.Tensor]:
         """Drop finished rows from the cache and from every per-row tensor given."""
         idx = live.nonzero().squeeze(1)
         select_rows(self.cache, idx)
-        self.pad, self.rows = self.pad[idx], self.rows[idx]
+        self.pad, self.rows, self._key = self.pad[idx], self.rows[idx], None
         return [t[idx] for t in tensors]
 
 
