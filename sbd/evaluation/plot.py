@@ -1,0 +1,61 @@
+"""Accuracy against NFE speedup, like the paper's Figure 1: one curve per task over γ for each model
+decoded with SBD, starting from its own NTP decoding at 1x; models evaluated with NTP only (e.g. the
+NTP-trained baseline) are dashed horizontal lines in the task's colour."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .harness import ALL_TASKS
+from .table import fmt_gamma, task_order
+
+
+def plot_accuracy_vs_speedup(rows: list[dict], path) -> Path:
+    """Write the PNG to `path` (Agg backend, no display needed) and return the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks = task_order(rows)
+    labels = list(dict.fromkeys(r["label"] for r in rows))
+    sbd_labels = [lab for lab in labels if any(r["label"] == lab and r["method"] == "sbd" for r in rows)]
+    styles = ["-", ":", "-.", (0, (5, 1))]
+    colors = plt.get_cmap("tab10")
+    fig, ax = plt.subplots(figsize=(7.5, 5), dpi=120)
+    for ti, task in enumerate(tasks):
+        color = "black" if task == ALL_TASKS else colors(ti % 10)
+        name = "mean over tasks" if task == ALL_TASKS else task
+        for label in labels:
+            mine = [r for r in rows if r["task"] == task and r["label"] == label]
+            ntp = next((r for r in mine if r["method"] == "ntp"), None)
+            sbd = sorted((r for r in mine if r["method"] == "sbd" and r["nfe_speedup"] is not None),
+                         key=lambda r: r["gamma"])
+            if label not in sbd_labels:
+                if ntp is not None:
+                    ax.axhline(100 * ntp["accuracy"], color=color, linestyle="--", linewidth=1, alpha=0.8,
+                               label=f"{name}: {label} (NTP)")
+                continue
+            style = styles[sbd_labels.index(label) % len(styles)]
+            points = ([ntp] if ntp is not None else []) + sbd
+            xs = [r["nfe_speedup"] if r["method"] == "sbd" else 1.0 for r in points]
+            ax.plot(xs, [100 * r["accuracy"] for r in points], linestyle=style, marker="o", color=color,
+                    label=f"{name}: {label}" if len(labels) > 1 else name)
+            if ntp is not None:
+                ax.plot([1.0], [100 * ntp["accuracy"]], marker="s", markersize=9, markerfacecolor="none",
+                        color=color, linestyle="none")
+            for r in sbd:
+                ax.annotate(f"γ={fmt_gamma(r['gamma'])}", (r["nfe_speedup"], 100 * r["accuracy"]),
+                            textcoords="offset points", xytext=(4, 4), fontsize=7, color=color)
+    ax.axvline(1.0, color="grey", linewidth=0.8, linestyle=":")
+    ax.set_xlabel("NFE speedup over NTP decoding (×)")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_title("Accuracy vs forward-pass speedup (□ = NTP decoding, dashed = NTP-only model)")
+    ax.title.set_fontsize(9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, format="png")
+    plt.close(fig)
+    return path
