@@ -7,6 +7,8 @@ import math
 import sys
 
 from .errors import SBDError
+from .eval_cli import add_eval_parser, cmd_eval
+from .train_cli import add_train_parser, cmd_train
 
 
 def _gamma(text: str) -> float:
@@ -73,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_init(sub)
     _add_generate(sub)
+    add_train_parser(sub)
+    add_eval_parser(sub)
     return parser
 
 
@@ -145,7 +149,7 @@ def cmd_generate(args) -> None:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        {"init": cmd_init, "generate": cmd_generate}[args.command](args)
+        {"init": cmd_init, "generate": cmd_generate, "train": cmd_train, "eval": cmd_eval}[args.command](args)
     except SBDError as e:
         print(f"sbd: error: {e}", file=sys.stderr)
         return 2

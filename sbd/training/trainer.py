@@ -1,0 +1,335 @@
+"""SBDTrainer: the SBD recipe as a `transformers.Trainer` subclass.
+
+Trainer already gives what a user of Hugging Face expects: DDP/FSDP through accelerate (`torchrun`,
+`accelerate launch`), gradient accumulation, AdamW with warmup + cosine, resume with optimiser,
+scheduler, RNG and data position. This subclass adds the SBD parts:
+
+- the randomness of SBD (block size k per optimisation step, η and the mask draws per sequence) is a
+  pure function of (seed, optimisation step, dataset index). It is drawn in `get_batch_samples`, the
+  one place that sees all micro-batches of a step together, after the data loader has produced them.
+  So it does not depend on data-loader prefetching, on how batches are split over processes, or on
+  whether the run was resumed;
+- the pooled loss (one mean over every valid target of the whole step, across micro-batches and
+  processes), with NTP and MATP losses and tokens/s logged separately;
+- atomic checkpoints, Ctrl-C = save and stop, a clear stop on a NaN/inf loss;
+- flex_attention's BlockMask for the training mask on CUDA, a dense bool mask elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import signal
+import threading
+import time
+
+import torch
+from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+from ..errors import SBDError
+from . import checkpoints as ckpt
+from .collator import SBDDataCollator
+from .loss import sbd_loss
+
+MODES = ("sbd", "ntp")
+_MASK64 = (1 << 64) - 1
+_BLOCK_TAG = 0x4B4B
+
+
+def mix(*values: int) -> int:
+    """A 63-bit seed from a tuple of integers (splitmix64-style mixing; stable across runs and hosts)."""
+    h = 0x9E3779B97F4A7C15
+    for v in values:
+        h = ((h ^ (int(v) & _MASK64)) * 0xBF58476D1CE4E5B9) & _MASK64
+        h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & _MASK64
+        h ^= h >> 31
+    return h & ((1 << 63) - 1)
+
+
+def sbd_training_args(output_dir, *, steps: int, batch_size: int = 8, lr: float = 3e-4, warmup_steps: int = 200,
+                      grad_accum: int = 1, seed: int = 0, save_steps: int = 500, logging_steps: int = 10,
+                      save_total_limit: int | None = 2, weight_decay: float = 0.0, max_grad_norm: float = 1.0,
+                      **overrides) -> TrainingArguments:
+    """TrainingArguments with the paper's optimiser (AdamW, warmup then cosine) and what SBDTrainer needs."""
+    cuda = torch.cuda.is_available()
+    kw = dict(
+        output_dir=str(output_dir), max_steps=steps, per_device_train_batch_size=batch_size,
+        gradient_accumulation_steps=grad_accum, learning_rate=lr, warmup_steps=warmup_steps,
+        lr_scheduler_type="cosine", optim="adamw_torch", weight_decay=weight_decay, max_grad_norm=max_grad_norm,
+        seed=seed, data_seed=seed, save_strategy="steps", save_steps=save_steps, save_total_limit=save_total_limit,
+        logging_strategy="steps", logging_steps=logging_steps, report_to="none", remove_unused_columns=False,
+        use_cpu=not cuda, bf16=cuda and torch.cuda.is_bf16_supported(), dataloader_num_workers=0,
+        ddp_find_unused_parameters=False,
+    )
+    kw.update(overrides)
+    return TrainingArguments(**kw)
+
+
+class _Indexed(torch.utils.data.Dataset):
+    """Adds each item's dataset index (the key of its masking randomness) when it lacks one."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        item = self.dataset[i]
+        return item if "index" in item else {**item, "index": i}
+
+
+class SBDTrainer(Trainer):
+    """A Trainer for SBD fine-tuning (`mode="sbd"`) or the matching NTP baseline (`mode="ntp"`).
+
+    data_collator: an `SBDDataCollator` (built from `processing_class` and the model's mask token if
+    omitted). The model is called without labels; the loss is `sbd.training.loss.sbd_loss`.
+    metrics_file: a jsonl file that receives every log line (main process only).
+    """
+
+    def __init__(self, model=None, args: TrainingArguments | None = None, data_collator=None, train_dataset=None,
+                 processing_class=None, *, mode: str = "sbd", metrics_file=None, show_progress: bool = True,
+                 **kwargs):
+        if mode not in MODES:
+            raise SBDError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+        if model is None or train_dataset is None:
+            raise SBDError("SBDTrainer needs a model and a train_dataset")
+        model_mask = getattr(model.config, "sbd_mask_token_id", None)
+        if data_collator is None:
+            data_collator = SBDDataCollator(processing_class, mask_token_id=model_mask)
+        if not isinstance(data_collator, SBDDataCollator):
+            raise SBDError("SBDTrainer needs an SBDDataCollator as data_collator")
+        vocab = model.get_input_embeddings().num_embeddings
+        if mode == "sbd" and not 0 <= data_collator.mask_token_id < vocab:
+            raise SBDError(f"mask token id {data_collator.mask_token_id} lies outside the model's {vocab} embeddings; "
+                           "call sbd.add_mask_token(model, tokenizer) first")
+        if args is None:
+            args = sbd_training_args("sbd_output", steps=1000)
+        args.remove_unused_columns = False  # our collator needs prompt_length and index
+        if hasattr(train_dataset, "__getitem__") and hasattr(train_dataset, "__len__"):
+            train_dataset = _Indexed(train_dataset)
+        super().__init__(model=model, args=args, data_collator=data_collator.pad, train_dataset=train_dataset,
+                         processing_class=processing_class, **kwargs)
+        self.sbd_collator = data_collator
+        self.mode = mode
+        self.noise_seed = data_collator.seed if data_collator.seed is not None else args.seed
+        self.loss_is_scaled_for_ga = True  # compute_loss divides by the whole step's target count
+        self.interrupted = False
+        self._stop_requested = False
+        self._staging = None
+        self._micro = 0
+        self._stats = None
+        self._last_log = time.perf_counter()
+        self.remove_callback(ProgressCallback)
+        self.remove_callback(PrinterCallback)
+        self.add_callback(_StopCallback(self))
+        if show_progress:
+            self.add_callback(_ProgressBar(mode))
+        if metrics_file is not None:
+            self.add_callback(_MetricsLog(metrics_file))
+
+    # -- randomness and batches ------------------------------------------------------------------
+    def block_size_for_step(self, step: int) -> int:
+        """k of optimisation step `step` (0-based): fixed, or uniform on the collator's range."""
+        c = self.sbd_collator
+        if c.block_size is not None:
+            return c.block_size
+        return random.Random(mix(self.noise_seed, step, _BLOCK_TAG)).randint(*c.block_size_range)
+
+    def _use_flex(self) -> bool:
+        return self.args.device.type == "cuda" and getattr(self.model.config, "_attn_implementation", "") == "flex_attention"
+
+    def build_batch(self, clean: dict, step: int, micro: int = 0) -> dict:
+        """The model batch of one padded micro-batch at optimisation step `step`."""
+        c = self.sbd_collator
+        if self.mode == "ntp":
+            batch = c.causal(clean)
+        else:
+            k = self.block_size_for_step(step)
+            m = c.noisy_length(clean)
+            rank = self.args.process_index
+            keys = [mix(self.noise_seed, step, i) if i >= 0 else mix(self.noise_seed, step, rank, micro, row, 1)
+                    for row, i in enumerate(clean["index"].tolist())]
+            eta, u = c.draw_noise(len(keys), m, [torch.Generator().manual_seed(s) for s in keys])
+            flex = self._use_flex()
+            batch = c.corrupt(clean, k, eta, u, dense_mask=not flex)
+            if flex:
+                from .flex import training_block_mask
+
+                origin = clean["prompt_lengths"] if c.align_to_completion else torch.zeros_like(clean["lengths"])
+                batch["attention_mask"] = training_block_mask(
+                    clean["lengths"], origin, batch["num_clean"], m, k, self.args.device)
+        batch["num_tokens"] = clean["lengths"].sum()
+        return batch
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        """The micro-batches of one optimisation step, built with that step's k, and their target count."""
+        cleans = []
+        for _ in range(num_batches):
+            try:
+                cleans.append(next(epoch_iterator))
+            except StopIteration:
+                break
+        step = self.state.global_step
+        batches = [self.build_batch(c, step, i) for i, c in enumerate(cleans)]
+        return batches, self._get_num_items_in_batch(batches, device)
+
+    def _get_num_items_in_batch(self, batch_samples, device):
+        if not batch_samples:
+            return None
+        count = sum((b["labels"] != -100).sum() for b in batch_samples).to(device)
+        if self.args.world_size > 1:
+            count = self.accelerator.gather(count).sum()
+        return count
+
+    # -- loss ------------------------------------------------------------------------------------
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        inputs = dict(inputs)
+        labels = inputs.pop("labels")
+        num_clean = inputs.pop("num_clean")
+        num_tokens = inputs.pop("num_tokens")
+        outputs = model(**inputs, use_cache=False)
+        parts = sbd_loss(outputs.logits, labels, num_clean, num_items_in_batch)
+        loss = parts.loss
+        if not torch.isfinite(loss.detach()):
+            last = ckpt.latest_checkpoint(self.args.output_dir)
+            raise SBDError(f"the loss became {loss.item()} at step {self.state.global_step + 1}; stopped. "
+                           f"Last good checkpoint: {last or 'none'} (try a lower learning rate)")
+        if num_items_in_batch is not None and self.args.world_size > 1:
+            loss = loss * self.args.world_size  # DDP averages gradients; the mean is over the global count
+        stats = torch.stack([parts.ntp_sum, parts.ntp_count.to(parts.ntp_sum), parts.matp_sum,
+                             parts.matp_count.to(parts.ntp_sum), num_tokens.to(parts.ntp_sum)])
+        self._stats = stats if self._stats is None else self._stats + stats
+        return (loss, outputs) if return_outputs else loss
+
+    def log(self, logs: dict, start_time=None) -> None:
+        if "loss" in logs and self._stats is not None:
+            stats = self._stats
+            if self.args.world_size > 1:
+                stats = self.accelerator.reduce(stats, reduction="sum")
+            ntp_sum, ntp_n, matp_sum, matp_n, tokens = stats.tolist()
+            self._stats = None
+            now = time.perf_counter()
+            logs["ntp_loss"] = ntp_sum / max(ntp_n, 1)
+            if self.mode == "sbd":
+                logs["matp_loss"] = matp_sum / max(matp_n, 1)
+            logs["tokens_per_s"] = tokens / max(now - self._last_log, 1e-9)
+            self._last_log = now
+        super().log(logs, start_time)
+
+    # -- stopping and checkpoints ----------------------------------------------------------------
+    def request_stop(self) -> None:
+        """Save a checkpoint after the current optimisation step and stop (what Ctrl-C does)."""
+        self._stop_requested = True
+
+    def train(self, *args, **kwargs):
+        self.interrupted = False
+        self._stop_requested = False
+        self._last_log = time.perf_counter()
+        previous = None
+        if threading.current_thread() is threading.main_thread():
+            def on_sigint(signum, frame):
+                if self._stop_requested:  # a second Ctrl-C stops at once
+                    raise KeyboardInterrupt
+                self._stop_requested = True
+            previous = signal.signal(signal.SIGINT, on_sigint)
+        try:
+            return super().train(*args, **kwargs)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+
+    def _get_output_dir(self, trial):
+        return str(self._staging) if self._staging is not None else super()._get_output_dir(trial)
+
+    def _save_checkpoint(self, model, trial):
+        """Trainer's checkpoint, written into a staging folder and renamed into place when complete."""
+        run_dir = self.args.output_dir
+        name = f"checkpoint-{self.state.global_step}"
+        if self.args.should_save:
+            ckpt.reset_staging(run_dir)
+        self.accelerator.wait_for_everyone()
+        self._staging = ckpt.staging_dir(run_dir)
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self._staging = None
+        self.accelerator.wait_for_everyone()  # every rank has written its files (RNG state is per rank)
+        if self.args.should_save:
+            ckpt.publish(run_dir, name)
+            ckpt.rotate(run_dir, self.args.save_total_limit)
+        self.accelerator.wait_for_everyone()
+
+
+class _StopCallback(TrainerCallback):
+    """Turns a stop request (Ctrl-C on any process) into save + stop after the current step."""
+
+    def __init__(self, trainer: SBDTrainer):
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kwargs):
+        flag = self.trainer._stop_requested
+        if args.world_size > 1:
+            t = torch.tensor([float(flag)], device=args.device)
+            flag = bool(self.trainer.accelerator.reduce(t, reduction="sum").item() > 0)
+        if flag:
+            self.trainer.interrupted = True
+            control.should_save = control.should_training_stop = control.should_log = True
+        return control
+
+
+class _ProgressBar(TrainerCallback):
+    """tqdm bar with loss, NTP loss, MATP loss and tokens/s (main process only)."""
+
+    def __init__(self, mode: str):
+        self.mode = mode
+        self.bar = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=state.max_steps, initial=state.global_step, desc=f"sbd train ({self.mode})",
+                            dynamic_ncols=True)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.bar is not None:
+            self.bar.update(state.global_step - self.bar.n)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.bar is not None and logs and "loss" in logs:
+            post = {"loss": f"{logs['loss']:.3f}", "ntp": f"{logs.get('ntp_loss', math.nan):.3f}"}
+            if "matp_loss" in logs:
+                post["matp"] = f"{logs['matp_loss']:.3f}"
+            post["tok/s"] = f"{logs.get('tokens_per_s', 0):.0f}"
+            self.bar.set_postfix(post, refresh=False)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+class _MetricsLog(TrainerCallback):
+    """Appends every log entry as one json line; on resume, drops lines past the resumed step."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero or not os.path.exists(self.path):
+            return
+        with open(self.path, encoding="utf-8") as f:
+            lines = [ln for ln in f if ln.strip() and json.loads(ln).get("step", 0) <= state.global_step]
+        tmp = self.path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(lines)
+        os.replace(tmp, self.path)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and logs:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps({"step": state.global_step, **logs}) + "\n")

@@ -1,0 +1,120 @@
+"""`sbd train` end to end on a toy task (SPEC §2), and one clear error per bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import sbd
+from sbd import tiny
+from sbd.cli import main
+from sbd.training.collator import SBDDataCollator
+from sbd.training.data import load_records, tokenize_records
+from sbd.training.evaluate import evaluate_losses
+
+COUNTS = [" ".join(str(i) for i in range(s, s + 9)) for s in range(40)]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train")
+    tiny.create(root / "model", texts=COUNTS + tiny.SAMPLE_TEXT, vocab_size=260, hidden=48, layers=2, heads=4,
+                kv_heads=2, context=128)
+    with open(root / "toy.jsonl", "w") as f:
+        for s in range(40):
+            f.write(json.dumps({"prompt": f"count {s}:", "completion": " " + COUNTS[s]}) + "\n")
+    return root
+
+
+def _train(workdir, out, mode, extra=()):
+    argv = ["train", "--model", str(workdir / "model"), "--data", str(workdir / "toy.jsonl"), "--out", str(out),
+            "--mode", mode, "--steps", "150", "--batch-size", "16", "--lr", "5e-3", "--warmup-steps", "10",
+            "--logging-steps", "10", "--save-steps", "150", "--block-size-max", "8", "--no-progress", *extra]
+    assert main(argv) == 0
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_sbd_run_lowers_both_losses_and_ntp_run_leaves_matp_high(workdir, capsys):
+    logs_sbd = [r for r in _train(workdir, workdir / "sbd", "sbd") if "ntp_loss" in r]
+    first, last = logs_sbd[0], logs_sbd[-1]
+    assert last["ntp_loss"] < 0.6 * first["ntp_loss"]
+    assert last["matp_loss"] < 0.6 * first["matp_loss"]
+    assert all(r["tokens_per_s"] > 0 for r in logs_sbd)
+    _train(workdir, workdir / "ntp", "ntp")  # the MATP-ablated run: same data, steps and order
+
+    base, tok = sbd.load(workdir / "model")
+    examples = tokenize_records(load_records(str(workdir / "toy.jsonl")), tok, 64, tok.mask_token_id)
+    collator = SBDDataCollator(tok)
+    scores = {name: evaluate_losses(sbd.load(workdir / name)[0] if name != "base" else base, collator,
+                                    examples, block_size=4, seed=0) for name in ("base", "sbd", "ntp")}
+    assert scores["sbd"]["matp_loss"] < 0.5 * scores["ntp"]["matp_loss"], scores
+    assert scores["ntp"]["matp_loss"] > 0.6 * scores["base"]["matp_loss"], scores
+    assert scores["ntp"]["ntp_loss"] < 0.6 * scores["base"]["ntp_loss"], scores
+    assert scores["sbd"]["ntp_loss"] < 0.6 * scores["base"]["ntp_loss"], scores
+
+    # the output folder is a model that sbd.load and sbd.generate use directly
+    model, tokenizer = sbd.load(workdir / "sbd")
+    assert model.config.sbd_mask_token_id == tokenizer.mask_token_id
+    result = sbd.generate(model, tokenizer, ["count 3:"], method="sbd", block_size=4, gamma=0.5, max_new_tokens=12)
+    assert result.num_tokens > 0 and sum(result.nfe) <= result.num_tokens
+
+
+def test_reasoning_gym_source_renders_prompt_completion():
+    records = load_records("reasoning-gym:chain_sum?size=4&seed=3")
+    assert len(records) == 4 and records == load_records("reasoning-gym:chain_sum?size=4&seed=3")
+    assert all(set(r) == {"prompt", "completion"} and r["completion"] for r in records)
+
+
+def test_truncation_is_counted(workdir):
+    _, tok = sbd.load(workdir / "model", probe=False)
+    with pytest.warns(UserWarning, match="2 of 3 sequences were longer than 8 tokens"):
+        ds = tokenize_records([{"text": COUNTS[0]}, {"text": COUNTS[1]}, {"text": "1 2"}], tok, 8)
+    assert max(len(ds[i]["input_ids"]) for i in range(3)) == 8
+
+
+def _error(capsys, argv):
+    code = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2, err
+    assert len(err) == 1 and err[0].startswith("sbd: error: "), err
+    return err[0]
+
+
+def _write(path, lines):
+    path.write_text("".join(line + "\n" for line in lines))
+    return str(path)
+
+
+def test_bad_inputs_give_one_clear_error(workdir, tmp_path, capsys):
+    model = str(workdir / "model")
+    out = str(tmp_path / "out")
+    good = str(workdir / "toy.jsonl")
+
+    def run(*extra, data=good, out=out):
+        return _error(capsys, ["train", "--model", model, "--data", data, "--out", out, "--no-progress",
+                               "--steps", "2", *extra])
+
+    assert "does not exist" in run(data=str(tmp_path / "missing.jsonl"))
+    assert "no training records" in run(data=_write(tmp_path / "empty.jsonl", []))
+    assert "neither 'text' nor 'prompt'" in run(data=_write(tmp_path / "f.jsonl", ['{"question": "q"}']))
+    assert "must be strings" in run(data=_write(tmp_path / "g.jsonl", ['{"prompt": "q"}']))
+    assert "not valid JSON" in run(data=_write(tmp_path / "h.jsonl", ['{"text": ']))
+    assert "at least 2" in run(data=_write(tmp_path / "s.jsonl", ['{"text": ""}']))
+    long_prompt = json.dumps({"prompt": " ".join(["1 2 3"] * 10), "completion": "4"})
+    assert "no room for the completion" in run("--max-len", "8", data=_write(tmp_path / "p.jsonl", [long_prompt]))
+    assert "--lr must be a positive" in run("--lr", "-1")
+    assert "--lr must be a positive" in run("--lr", "nan")
+    assert "--steps must be >= 1" in run("--steps", "0")
+    assert "--batch-size must be >= 1" in run("--batch-size", "0")
+    assert "--block-size-min" in run("--block-size-min", "9", "--block-size-max", "4")
+    assert "--mask-rate" in run("--mask-rate", "1.5")
+    assert "--max-len must be >= 2" in run("--max-len", "1")
+    assert "no checkpoint" in run("--resume")
+    assert "reasoning-gym cannot create" in run(data="reasoning-gym:no_such_task?size=3")
+    assert "unknown option" in run(data="reasoning-gym:chain_sum?sise=3")
+    assert "does not exist" in _error(capsys, ["train", "--model", str(tmp_path / "nope"), "--data", good,
+                                               "--out", out, "--no-progress"])
+    (tmp_path / "used" / "checkpoint-3").mkdir(parents=True)
+    assert "already holds checkpoints" in run(out=str(tmp_path / "used"))
