@@ -7,7 +7,9 @@ import math
 import sys
 
 from .errors import SBDError
+from .demo import add_demo_parser, cmd_demo
 from .eval_cli import add_eval_parser, cmd_eval
+from .experiment import add_experiment_parser, cmd_experiment
 from .train_cli import add_train_parser, cmd_train
 
 
@@ -77,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(sub)
     add_train_parser(sub)
     add_eval_parser(sub)
+    add_experiment_parser(sub)
+    add_demo_parser(sub)
     return parser
 
 
@@ -148,8 +152,12 @@ def cmd_generate(args) -> None:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # ours show progress; theirs would print one bar per file written
     try:
-        {"init": cmd_init, "generate": cmd_generate, "train": cmd_train, "eval": cmd_eval}[args.command](args)
+        {"init": cmd_init, "generate": cmd_generate, "train": cmd_train, "eval": cmd_eval,
+         "experiment": cmd_experiment, "demo": cmd_demo}[args.command](args)
     except SBDError as e:
         print(f"sbd: error: {e}", file=sys.stderr)
         return 2

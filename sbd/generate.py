@@ -150,7 +150,7 @@ class Outputs:
 
 
 def _check_finite(values: torch.Tensor) -> None:
-    if not torch.isfinite(values).all():
+    if not math.isfinite(values.sum()):  # NaN and ±inf both survive a sum
         raise SBDError("the model returned NaN or infinite logits; decoding stopped (check the weights and dtype)")
 
 
@@ -219,11 +219,14 @@ def sbd_decode(rows: Rows, ids: torch.Tensor, out: Outputs, eos: torch.Tensor, m
             masked &= ~reveal
             nfe += todo.any(-1)  # rows whose block is already revealed ride along without counting
             when = torch.where(reveal, nfe[:, None], when)
-            known = (~masked).cumprod(-1).bool()  # revealed with every earlier position revealed
-            hit = (torch.isin(block, eos) & known).any(-1) & live
-            ended = {i: produced + int(torch.isin(block[i], eos).nonzero()[0]) + 1
-                     for i in hit.nonzero().squeeze(1).tolist()}
+            is_eos = torch.isin(block, eos)  # only revealed positions can hold EOS
+            ended = {}
+            if (is_eos.any(-1) & live).any():
+                known = (~masked).cumprod(-1).bool()  # revealed with every earlier position revealed
+                hit = (is_eos & known).any(-1) & live
+                ended = {i: produced + int(is_eos[i].nonzero()[0]) + 1 for i in hit.nonzero().squeeze(1).tolist()}
             if out.stop:
+                known = (~masked).cumprod(-1).bool()
                 for i in live.nonzero().squeeze(1).tolist():
                     r = int(rows.rows[i])
                     upto = produced + int(known[i].sum())

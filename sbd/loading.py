@@ -34,12 +34,18 @@ def load(path, *, device: str | None = None, dtype: torch.dtype | None = None,
          trust_remote_code: bool = False, probe: bool = True):
     """(model, tokenizer) from a local model directory, with SDPA attention, in eval mode.
 
+    "demo" and "demo-ntp" name the models shipped with the package (SBD-trained and NTP-trained).
+
     dtype defaults to float32 on CPU (faster than bf16 there) and to the checkpoint's dtype elsewhere.
     The model must pass the conformance probe (`sbd.probe.probe_model`) unless `probe=False`.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
+    if str(path) in ("demo", "demo-ntp") and not Path(path).exists():
+        from .demo import demo_path
+
+        path = demo_path(str(path))
     path = Path(path)
     _check_model_dir(path)
     device = device or "cpu"

@@ -1,0 +1,87 @@
+"""`sbd experiment toy`: the whole pipeline (data, init, pretrain, fine-tunes, release, eval) end to end,
+phase resume, shipping, and the demo on what was shipped."""
+
+import json
+
+import pytest
+import torch
+
+import sbd
+from sbd import demo as demo_mod
+from sbd.cli import main
+from sbd.experiment import PHASES, Experiment
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("exp") / "toy"
+    threads = torch.get_num_threads()
+    try:
+        assert main(["experiment", "toy", "--out", str(out), "--no-progress", "--threads", "1"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+def test_every_phase_leaves_its_artefacts(run):
+    for phase in PHASES:
+        assert (run / phase / ".done").exists(), phase
+    record = json.loads((run / "experiment.json").read_text())
+    assert set(record["phase_seconds"]) == set(PHASES)
+    results = json.loads((run / "eval" / "results.json").read_text())
+    configs = {(r["label"], r["method"], r["gamma"]) for r in results["rows"]}
+    assert configs == {("NTP-trained", "ntp", None), ("SBD-trained", "ntp", None),
+                       ("SBD-trained", "sbd", 0.0), ("SBD-trained", "sbd", 1.0)}
+    assert (run / "eval" / "accuracy_vs_speedup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "Table 1" in (run / "eval" / "results.md").read_text()
+
+
+def test_released_models_are_fp16_files_that_load_and_decode(run):
+    for mode in ("ntp", "sbd"):
+        model, tok = sbd.load(run / "release" / mode)
+        assert model.config.sbd_mask_token_id == tok.mask_token_id
+        from safetensors import safe_open
+
+        with safe_open(str(run / "release" / mode / "model.safetensors"), "pt") as f:
+            assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.float16}
+    out = sbd.generate(model, tok, ["Add up: 1 + 2 + 3 + 4\n"], max_new_tokens=8)
+    assert out.nfe[0] >= 1
+
+
+def test_a_finished_run_is_not_redone(run, capsys):
+    before = {p: (run / p / ".done").stat().st_mtime for p in PHASES}
+    Experiment("toy", run, progress=False).run()
+    assert "skipped" in capsys.readouterr().out
+    assert before == {p: (run / p / ".done").stat().st_mtime for p in PHASES}
+
+
+def test_another_scale_in_the_same_folder_is_refused(run):
+    with pytest.raises(sbd.SBDError, match="toy"):
+        Experiment("tiny", run)
+
+
+def test_ship_then_demo(run, tmp_path, monkeypatch, capsys):
+    dest = tmp_path / "demo_model"
+    Experiment("toy", run).ship(dest)
+    monkeypatch.setattr(demo_mod, "DEMO_DIR", dest)
+    model, _ = sbd.load("demo")
+    assert model.config.sbd_mask_token_id is not None
+    stats = demo_mod.run_demo(n=1, max_new_tokens=8, colour=False)
+    out = capsys.readouterr().out
+    assert "NTP decoding" in out and "SBD decoding" in out and "⟨1⟩" in out
+    assert stats["ntp"]["nfe"] == stats["ntp"]["tokens"] and stats["sbd"]["nfe"] <= stats["sbd"]["tokens"]
+
+
+def test_missing_demo_model_is_one_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(demo_mod, "DEMO_DIR", tmp_path / "nothing")
+    with pytest.raises(sbd.SBDError, match="sbd experiment tiny"):
+        sbd.load("demo")
+
+
+def test_annotation_marks_each_token_with_its_forward(tokenizer):
+    ids = tokenizer("ab cd").input_ids
+    steps = list(range(1, len(ids) + 1))[::-1]
+    text = demo_mod.annotate(tokenizer, ids, steps, colour=False)
+    assert text.replace("⟨", "").replace("⟩", "").rstrip("0123456789") != ""
+    assert [int(s.split("⟩")[0]) for s in text.split("⟨")[1:]] == steps
+    assert "\x1b[" in demo_mod.annotate(tokenizer, ids, steps, colour=True)
