@@ -64,8 +64,8 @@ SCALES = {
                  gammas=(0.0, 1.0), max_new_tokens=16, repeats=1),
     # The recorded experiment: about an hour on 2 CPU cores.
     "tiny": Scale(tasks=TASKS, train_per_task=20000, eval_per_task=200, vocab_size=1024, hidden=256, layers=4,
-                  heads=4, pretrain_steps=2000, finetune_steps=600, batch_size=32, pretrain_lr=1e-3,
-                  finetune_lr=3e-4),
+                  heads=4, pretrain_steps=2000, finetune_steps=700, batch_size=24, pretrain_lr=1e-3,
+                  finetune_lr=5e-4, repeats=1),
 }
 
 
