@@ -2,10 +2,13 @@
 
 Configurations are timed interleaved in one process (a slow spell of a shared machine hits all
 alike); peak memory comes from a separate process per configuration. A step is timed whole: batch
-construction (mask, labels), forward, loss, backward and AdamW, after warm-up. The SBD step feeds 2L
-tokens, so ~2x the NTP step is the natural cost; the target is <= 2.2x.
+construction (mask, labels), forward, loss, backward and AdamW, after warm-up. The forward is
+`sbd.training.attention.training_logits`, what SBDTrainer uses (`--plain`: the plain forward with full
+logits and dense-mask SDPA; `--compare`: both, interleaved). The SBD step feeds 2L tokens, so ~2x the
+NTP step is the natural cost; the target is <= 2.2x.
 
     python benchmarks/train_step.py --seq-len 256 --batch 8 --steps 10
+    python benchmarks/train_step.py --seq-len 256 --batch 8 --steps 10 --compare
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch
 
 
 CONFIGS = ("ntp", "sbd", "sbd-aligned")
+PLAIN_CONFIGS = ("ntp-plain", "sbd-plain")  # --compare: the plain forward, interleaved with the fast one
 
 
 def _peak_rss() -> int:
@@ -41,6 +45,7 @@ def run(args, configs, warmup: int, steps: int) -> dict:
     machine hits every configuration alike; medians per configuration."""
     from sbd import tiny
     from sbd.training.collator import SBDDataCollator
+    from sbd.training.attention import training_logits
     from sbd.training.loss import sbd_loss
 
     torch.manual_seed(0)
@@ -53,7 +58,7 @@ def run(args, configs, warmup: int, steps: int) -> dict:
     ids = [torch.randint(3, args.vocab, (args.seq_len,), generator=g).tolist() for _ in range(args.batch)]
     setups = {}
     for config in configs:
-        aligned = config == "sbd-aligned"
+        aligned = config.startswith("sbd-aligned")
         setups[config] = (SBDDataCollator(mask_token_id=2, align_to_completion=aligned),
                           [{"input_ids": x, "prompt_length": args.seq_len // 2 if aligned else 0} for x in ids])
     times = {c: [] for c in configs}
@@ -66,13 +71,16 @@ def run(args, configs, warmup: int, steps: int) -> dict:
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
             clean = {k: v.to(device) for k, v in collator.pad(feats).items()}
-            if config == "ntp":
+            ntp, plain = config.startswith("ntp"), args.plain or config.endswith("-plain")
+            if ntp:
                 batch = collator.causal(clean)
             else:
                 eta, u = collator.draw_noise(args.batch, collator.noisy_length(clean), g)
                 batch = collator.corrupt(clean, 2 + step % 15, eta, u)
             labels, num_clean = batch.pop("labels"), batch.pop("num_clean")
-            loss = sbd_loss(model(**batch, use_cache=False).logits, labels, num_clean).loss
+            logits = training_logits(model, batch, labels, None if ntp else num_clean,
+                                     split=not plain, labelled_only=not plain)
+            loss = sbd_loss(logits, labels, num_clean).loss
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -97,6 +105,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--plain", action="store_true",
+                   help="the plain forward (full logits, dense-mask SDPA): the step before sbd/training/attention.py")
+    p.add_argument("--compare", action="store_true",
+                   help="also time the plain forward (ntp-plain, sbd-plain) interleaved with the fast one")
     p.add_argument("--config", default=None, help=argparse.SUPPRESS)  # internal: one configuration
     args = p.parse_args()
     if args.threads:
@@ -104,22 +116,23 @@ def main() -> None:
     if args.config:  # peak memory of one configuration alone, in its own process
         print(json.dumps(run(args, [args.config], warmup=1, steps=1)))
         return
-    timed = run(args, CONFIGS, args.warmup, args.steps)
+    configs = CONFIGS + (PLAIN_CONFIGS if args.compare else ())
+    timed = run(args, configs, args.warmup, args.steps)
     peaks = {}
-    for config in CONFIGS:
+    for config in configs:
         cmd = [sys.executable, __file__, *sys.argv[1:], "--config", config]
         peaks[config] = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)["peak_bytes"]
-    base = timed["median_s"]["ntp"]
+    ref = {c: "ntp-plain" if c.endswith("-plain") else "ntp" for c in configs}
     print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
           f"torch {torch.__version__}, device {timed['device']}")
     print(f"L={args.seq_len} batch={args.batch} hidden={args.hidden} layers={args.layers} vocab={args.vocab} "
-          f"steps={args.steps} (after {args.warmup} warm-up)")
-    print("| mode | median step (s) | min-max (s) | vs ntp | tokens/s | peak memory (MiB) |")
-    print("|---|---|---|---|---|---|")
-    for name in CONFIGS:
+          f"steps={args.steps} (after {args.warmup} warm-up), forward: {'plain' if args.plain else 'fast'}")
+    print("| mode | median step (s) | min-max (s) | vs ntp, medians | vs ntp, minima | tokens/s | peak memory (MiB) |")
+    print("|---|---|---|---|---|---|---|")
+    for name in configs:  # "vs ntp": against the NTP step with the same forward (fast or plain)
         med, (lo, hi) = timed["median_s"][name], timed["spread_s"][name]
-        print(f"| {name} | {med:.4f} | {lo:.3f}-{hi:.3f} | {med / base:.2f}x | {timed['tokens'] / med:.0f} | "
-              f"{peaks[name] / 2**20:.0f} |")
+        print(f"| {name} | {med:.4f} | {lo:.3f}-{hi:.3f} | {med / timed['median_s'][ref[name]]:.2f}x | "
+              f"{lo / timed['spread_s'][ref[name]][0]:.2f}x | {timed['tokens'] / med:.0f} | {peaks[name] / 2**20:.0f} |")
 
 
 if __name__ == "__main__":

@@ -155,16 +155,19 @@ class SBDDataCollator:
         """(B,T,T) bool, T = n + m: SPEC §2.4 with noisy blocks starting at `origin`, no attention
         to or from padding, and every padding row allowed to see itself (no empty softmax row)."""
         dev = clean_real.device
-        t = n + m
-        q = torch.arange(t, device=dev)[:, None]
-        kv = torch.arange(t, device=dev)[None]
-        q_block = (q - n).div(k, rounding_mode="floor")
-        shared = ((q < n) & (kv < n) & (kv <= q)) | (
-            (q >= n) & (kv >= n) & (q_block == (kv - n).div(k, rounding_mode="floor")))
-        noisy_clean = (q >= n) & (kv < n) & (kv < origin[:, None, None] + q_block * k)   # (B,T,T)
+        t, b = n + m, clean_real.shape[0]
+        start = torch.arange(m, device=dev).div(k, rounding_mode="floor") * k    # first position of q's block
+        allowed = torch.empty(b, t, t, dtype=torch.bool, device=dev)
+        allowed[:, :n, :n] = torch.ones(n, n, dtype=torch.bool, device=dev).tril()   # clean -> clean causal
+        allowed[:, :n, n:] = False                                                # clean never sees noisy
+        allowed[:, n:, n:] = start[:, None] == start[None]                        # noisy -> same noisy block
+        # noisy -> clean strictly before the block (the only batch-dependent part): kv < origin + start
+        allowed[:, n:, :n] = torch.arange(n, device=dev) < (origin[:, None] + start[None])[:, :, None]
         real = torch.cat([clean_real, noisy_real], 1)
-        allowed = (shared[None] | noisy_clean) & real[:, :, None] & real[:, None, :]
-        return allowed | torch.eye(t, dtype=torch.bool, device=dev)[None]
+        allowed &= real[:, :, None]
+        allowed &= real[:, None, :]
+        allowed.diagonal(dim1=1, dim2=2).fill_(True)
+        return allowed
 
     def causal(self, clean: dict) -> dict:
         """The `--mode ntp` batch: the single clean copy, causal LM labels aligned with the logits."""

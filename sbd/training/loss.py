@@ -27,6 +27,9 @@ def sbd_loss(logits: torch.Tensor, labels: torch.Tensor, num_clean: int | None =
              denominator=None) -> LossParts:
     """Cross-entropy of `logits` (B,T,V) against `labels` (B,T), already aligned (no shift here).
 
+    `logits` may also be (N,V): the rows of the N labelled positions only (`labels != -100`, row-major
+    order), as `sbd.training.attention.training_logits` returns them.
+
     num_clean: length of the clean half (default T // 2; T for an NTP batch). denominator: the number of
     targets the mean is taken over (default: this batch's; a trainer passes the whole step's, so that
     gradient accumulation and data parallelism give the pooled mean of the full step).
@@ -34,7 +37,12 @@ def sbd_loss(logits: torch.Tensor, labels: torch.Tensor, num_clean: int | None =
     t = labels.shape[1]
     num_clean = t // 2 if num_clean is None else num_clean
     valid = labels != IGNORE
-    picked = logits[valid].float()              # only target positions are upcast
+    if logits.dim() == 2:                       # already the labelled rows
+        if logits.shape[0] != int(valid.sum()):
+            raise ValueError(f"logits of shape {tuple(logits.shape)} for {int(valid.sum())} labelled positions")
+        picked = logits.float()
+    else:
+        picked = logits[valid].float()          # only target positions are upcast
     ce = F.cross_entropy(picked, labels[valid], reduction="none")
     total = ce.sum()
     in_clean = valid.nonzero()[:, 1] < num_clean

@@ -12,7 +12,8 @@ scheduler, RNG and data position. This subclass adds the SBD parts:
 - the pooled loss (one mean over every valid target of the whole step, across micro-batches and
   processes), with NTP and MATP losses and tokens/s logged separately;
 - atomic checkpoints, Ctrl-C = save and stop, a clear stop on a NaN/inf loss;
-- flex_attention's BlockMask for the training mask on CUDA, a dense bool mask elsewhere.
+- flex_attention's BlockMask for the training mask on CUDA, a dense bool mask elsewhere;
+- a cheaper forward with the same loss and gradients (`sbd/training/attention.py`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from ..errors import SBDError
 from . import checkpoints as ckpt
+from .attention import training_logits
 from .collator import SBDDataCollator
 from .loss import sbd_loss
 
@@ -117,6 +119,9 @@ class SBDTrainer(Trainer):
         self.mode = mode
         self.noise_seed = data_collator.seed if data_collator.seed is not None else args.seed
         self.loss_is_scaled_for_ga = True  # compute_loss divides by the whole step's target count
+        # logits only at labelled positions (both modes) and, on CPU with SDPA, causal attention for the
+        # clean half (sbd/training/attention.py); False: the plain forward (same loss and gradients)
+        self.fast_forward = True
         self.interrupted = False
         self._stop_requested = False
         self._staging = None
@@ -191,8 +196,13 @@ class SBDTrainer(Trainer):
         labels = inputs.pop("labels")
         num_clean = inputs.pop("num_clean")
         num_tokens = inputs.pop("num_tokens")
-        outputs = model(**inputs, use_cache=False)
-        parts = sbd_loss(outputs.logits, labels, num_clean, num_items_in_batch)
+        if return_outputs or not self.fast_forward:
+            outputs = model(**inputs, use_cache=False)
+            logits = outputs.logits
+        else:  # same loss and gradients, cheaper: see sbd/training/attention.py
+            outputs = None
+            logits = training_logits(model, inputs, labels, num_clean if self.mode == "sbd" else None)
+        parts = sbd_loss(logits, labels, num_clean, num_items_in_batch)
         loss = parts.loss
         if not torch.isfinite(loss.detach()):
             last = ckpt.latest_checkpoint(self.args.output_dir)
