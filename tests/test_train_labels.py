@@ -88,10 +88,10 @@ def test_labels_and_loss_match_naive_reference(seed, aligned):
         parts = sbd_loss(logits, labels, num_clean)
         ref, ref_ntp, ref_matp, n_ntp, n_matp = naive_loss(logits, labels, num_clean)
         assert n_ntp > 0
-        assert parts.loss.item() == pytest.approx(ref, rel=1e-5)
-        assert (parts.ntp_sum / parts.ntp_count).item() == pytest.approx(ref_ntp, rel=1e-5)
+        assert parts.loss.item() == pytest.approx(float(ref), rel=1e-5)
+        assert (parts.ntp_sum / parts.ntp_count).item() == pytest.approx(float(ref_ntp), rel=1e-5)
         if n_matp:
-            assert (parts.matp_sum / parts.matp_count).item() == pytest.approx(ref_matp, rel=1e-5)
+            assert (parts.matp_sum / parts.matp_count).item() == pytest.approx(float(ref_matp), rel=1e-5)
         assert (int(parts.ntp_count), int(parts.matp_count)) == (n_ntp, n_matp)
 
 
