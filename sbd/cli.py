@@ -3,34 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 
+from .argtypes import gamma_value as _gamma
+from .argtypes import positive_int as _positive
 from .errors import SBDError
 from .demo import add_demo_parser, cmd_demo
 from .eval_cli import add_eval_parser, cmd_eval
 from .experiment import add_experiment_parser, cmd_experiment
 from .train_cli import add_train_parser, cmd_train
-
-
-def _gamma(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if math.isnan(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0 (inf allowed), got {text!r}")
-    return value
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def _add_init(sub) -> None:

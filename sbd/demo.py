@@ -12,6 +12,7 @@ import statistics
 import sys
 from pathlib import Path
 
+from .argtypes import gamma_value, positive_int
 from .errors import SBDError
 
 DEMO_DIR = Path(__file__).parent / "demo_model"
@@ -102,24 +103,16 @@ def add_demo_parser(sub) -> None:
                        description="Load the shipped SBD-trained demo model, decode a seeded sample of held-out "
                                    "problems with NTP and with SBD, print accuracy, forwards, tokens per forward, "
                                    "tokens/s and speedups, and one example showing which forward revealed each token.")
-    p.add_argument("--n", type=int, default=8, help="problems per task (default: 8)")
-    p.add_argument("--gamma", type=float, default=0.35, help="EB-sampler bound γ (default: 0.35)")
-    p.add_argument("--block-size", type=int, default=16, help="tokens per block (default: 16)")
+    p.add_argument("--n", type=positive_int, default=8, help="problems per task (default: 8)")
+    p.add_argument("--gamma", type=gamma_value, default=0.35, help="EB-sampler bound γ (default: 0.35)")
+    p.add_argument("--block-size", type=positive_int, default=16, help="tokens per block (default: 16)")
     p.add_argument("--seed", type=int, default=0, help="which held-out problems (default: 0)")
-    p.add_argument("--max-new-tokens", type=int, default=112, help="generation budget (default: 112)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=112, help="generation budget (default: 112)")
     p.add_argument("--colour", choices=["auto", "always", "never"], default="auto",
                    help="colour the example by forward pass (default: auto = when printing to a terminal)")
 
 
 def cmd_demo(args) -> None:
-    import math
-
-    if args.n < 1:
-        raise SBDError(f"--n must be >= 1, got {args.n}")
-    if math.isnan(args.gamma) or args.gamma < 0:
-        raise SBDError(f"--gamma must be >= 0, got {args.gamma}")
-    if args.block_size < 1 or args.max_new_tokens < 1:
-        raise SBDError("--block-size and --max-new-tokens must be >= 1")
     colour = {"auto": None, "always": True, "never": False}[args.colour]
     run_demo(n=args.n, gamma=args.gamma, block_size=args.block_size, seed=args.seed,
              max_new_tokens=args.max_new_tokens, colour=colour)

@@ -10,6 +10,7 @@ import shlex
 import time
 from pathlib import Path
 
+from .argtypes import positive_int as _positive
 from .errors import SBDError
 
 NO_GAMMA = ("none", "")  # --gamma none: NTP decoding only (a model without a mask token)
@@ -54,16 +55,6 @@ def _argtype(parse):
             raise argparse.ArgumentTypeError(str(e)) from None
     convert.__name__ = parse.__name__
     return convert
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def add_eval_parser(sub) -> argparse.ArgumentParser:
