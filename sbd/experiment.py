@@ -205,7 +205,7 @@ class Experiment:
             raise SBDError("nothing to ship: the release phase has not finished")
         if dest.exists():
             shutil.rmtree(dest)
-        shutil.copytree(self.path("release"), dest)
+        shutil.copytree(self.path("release"), dest, ignore=shutil.ignore_patterns(DONE))
         results = self.path("eval") / "results.json"
         if results.exists():
             shutil.copy(results, dest / "results.json")
