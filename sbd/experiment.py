@@ -99,7 +99,7 @@ class Experiment:
         steps = {"data": self.make_data, "init": self.make_model, "pretrain": self.pretrain,
                  "ntp": lambda: self.finetune("ntp"), "sbd": lambda: self.finetune("sbd"),
                  "release": self.release, "eval": self.evaluate}
-        self.record["command"] = " ".join(sys.argv)
+        self.record["command"] = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])  # no local paths
         for i, phase in enumerate(PHASES, 1):
             if self.done(phase):
                 print(f"[{i}/{len(PHASES)}] {phase}: done already, skipped")
