@@ -220,13 +220,14 @@ def sbd_decode(rows: Rows, ids: torch.Tensor, out: Outputs, eos: torch.Tensor, m
             nfe += todo.any(-1)  # rows whose block is already revealed ride along without counting
             when = torch.where(reveal, nfe[:, None], when)
             is_eos = torch.isin(block, eos)  # only revealed positions can hold EOS
+            eos_seen = bool((is_eos.any(-1) & live).any())
             ended = {}
-            if (is_eos.any(-1) & live).any():
+            if eos_seen or out.stop:  # rare or opt-in: the common forward skips this bookkeeping
                 known = (~masked).cumprod(-1).bool()  # revealed with every earlier position revealed
+            if eos_seen:
                 hit = (is_eos & known).any(-1) & live
                 ended = {i: produced + int(is_eos[i].nonzero()[0]) + 1 for i in hit.nonzero().squeeze(1).tolist()}
             if out.stop:
-                known = (~masked).cumprod(-1).bool()
                 for i in live.nonzero().squeeze(1).tolist():
                     r = int(rows.rows[i])
                     upto = produced + int(known[i].sum())
