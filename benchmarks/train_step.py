@@ -59,7 +59,7 @@ def run(args, configs, warmup: int, steps: int) -> dict:
     setups = {}
     for config in configs:
         aligned = config.startswith("sbd-aligned")
-        setups[config] = (SBDDataCollator(mask_token_id=2, align_to_completion=aligned),
+        setups[config] = (SBDDataCollator(mask_token_id=2, eos_token_id=0, align_to_completion=aligned),
                           [{"input_ids": x, "prompt_length": args.seq_len // 2 if aligned else 0} for x in ids])
     times = {c: [] for c in configs}
     if device == "cuda":

@@ -213,13 +213,17 @@ def sbd_decode(rows: Rows, ids: torch.Tensor, out: Outputs, eos: torch.Tensor, m
             logits[..., mask_id] = torch.finfo(logits.dtype).min  # never reveal the mask token itself
             h = error_proxy(logits, proxy)
             _check_finite(h)
-            todo = masked & live[:, None]
+            picked = pick_tokens(logits, temperature, gen)
+            # Positions after the first EOS that the block holds (revealed) or predicts (masked) are not
+            # revealed: if that EOS stands they are discarded, so a forward spent on them is wasted.
+            ends = torch.isin(torch.where(masked, picked, block), eos)
+            todo = masked & live[:, None] & (ends.cumsum(-1) - ends.long() == 0)
             reveal = reveal_from_proxy(h, todo, gamma)
-            block = torch.where(reveal, pick_tokens(logits, temperature, gen), block)
+            block = torch.where(reveal, picked, block)
             masked &= ~reveal
             nfe += todo.any(-1)  # rows whose block is already revealed ride along without counting
             when = torch.where(reveal, nfe[:, None], when)
-            is_eos = torch.isin(block, eos)  # only revealed positions can hold EOS
+            is_eos = ends & ~masked  # revealed positions holding EOS
             eos_seen = bool((is_eos.any(-1) & live).any())
             ended = {}
             if eos_seen or out.stop:  # rare or opt-in: the common forward skips this bookkeeping

@@ -16,7 +16,8 @@ RUN_FILE = "sbd_train.json"
 METRICS_FILE = "metrics.jsonl"
 # settings a resumed run must share with the run it continues (anything else would not be a resume)
 RESUME_KEYS = ("data", "mode", "steps", "batch_size", "grad_accum", "lr", "warmup_steps", "max_len",
-               "block_size_min", "block_size_max", "block_size", "mask_rate", "align_to_completion", "seed")
+               "block_size_min", "block_size_max", "block_size", "mask_rate", "align_to_completion", "last_block",
+               "suffix_share", "seed")
 
 
 def add_train_parser(sub) -> None:
@@ -43,6 +44,13 @@ def add_train_parser(sub) -> None:
     p.add_argument("--mask-rate", type=float, default=None, help="fixed masking rate instead of eta ~ U(0,1)")
     p.add_argument("--align-to-completion", action="store_true",
                    help="noisy copy holds only the completion, blocks start at its first token (prompt/completion data)")
+    p.add_argument("--last-block", default="eos", choices=["eos", "drop"],
+                   help="eos: pad the block that holds a sequence's final EOS with EOS targets, so the block "
+                        "decoding stops in is trained for every block size (default); drop: the paper's rule, "
+                        "masked targets only inside complete blocks")
+    p.add_argument("--suffix-share", type=float, default=0.0,
+                   help="share of blocks masked as a suffix (first tokens visible, the rest masked) instead of "
+                        "independently at rate eta (default: 0)")
     p.add_argument("--seed", type=int, default=0, help="seed of initialisation-free randomness: data order, masks, k")
     p.add_argument("--save-steps", type=int, default=500, help="checkpoint every N steps, and at the end (default: 500)")
     p.add_argument("--save-total-limit", type=int, default=2, help="checkpoints kept (default: 2; 0 keeps all)")
@@ -72,6 +80,8 @@ def _check(args) -> None:
         raise SBDError(f"--block-size must be >= 1, got {args.block_size}")
     if args.mask_rate is not None and not (0 < args.mask_rate <= 1):
         raise SBDError(f"--mask-rate must lie in (0, 1], got {args.mask_rate}")
+    if not 0 <= args.suffix_share <= 1:
+        raise SBDError(f"--suffix-share must lie in [0, 1], got {args.suffix_share}")
     if args.save_total_limit < 0:
         raise SBDError(f"--save-total-limit must be >= 0, got {args.save_total_limit}")
 
@@ -134,7 +144,8 @@ def cmd_train(args) -> None:
     dataset = tokenize_records(records, tokenizer, args.max_len, mask_id)
     collator = SBDDataCollator(tokenizer, mask_token_id=mask_id, block_size=args.block_size,
                                mask_rate=args.mask_rate, block_size_range=(args.block_size_min, args.block_size_max),
-                               align_to_completion=args.align_to_completion)
+                               align_to_completion=args.align_to_completion, last_block=args.last_block,
+                               suffix_share=args.suffix_share)
     warmup = args.warmup_steps if args.warmup_steps is not None else min(200, args.steps // 10)
     training_args = sbd_training_args(
         args.out, steps=args.steps, batch_size=args.batch_size, lr=args.lr, warmup_steps=warmup,

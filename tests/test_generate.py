@@ -54,6 +54,30 @@ def test_eos_stops_only_once_every_earlier_position_is_revealed():
     assert out.nfe == [3]
 
 
+def test_no_forward_is_spent_after_the_predicted_end():
+    """EOS-padded models predict EOS after the answer with the highest certainty; those positions are
+    discarded, so the sampler may not spend forwards on them. Block 2-9, answer 2-4, EOS at 5."""
+    script = {2: (10, 3.0), 3: (11, 4.0), 4: (12, 5.0), 5: (EOS, 6.0), **{p: (EOS, 50.0) for p in range(6, 10)}}
+    out = sbd.generate(ScriptedLM(script), None, [[7, 8]], block_size=8, gamma=0.0, max_new_tokens=8)
+    assert out.token_ids == [[10, 11, 12, EOS]]
+    assert out.steps == [[4, 3, 2, 1]] and out.nfe == [4]  # one forward per kept token, none after EOS
+
+
+@pytest.mark.parametrize("block_size", [4, 8, 16])
+def test_gamma_zero_never_needs_more_forwards_than_tokens(block_size):
+    """γ = 0 on models whose predictions hold still (an answer, then EOS to the end of the block), with
+    random certainties, the positions after EOS often the surest: NFE never exceeds the tokens kept."""
+    g = torch.Generator().manual_seed(block_size)
+    for trial in range(40):
+        n = int(torch.randint(1, 30, (1,), generator=g))
+        conf = (torch.rand(64, generator=g) * 20 + 1).tolist()
+        script = {2 + i: (10 + i % 15, conf[i]) for i in range(n)}
+        script.update({2 + i: (EOS, conf[i] * (5 if trial % 2 else 1)) for i in range(n, 60)})
+        out = sbd.generate(ScriptedLM(script), None, [[7, 8]], block_size=block_size, gamma=0.0, max_new_tokens=48)
+        assert len(out.token_ids[0]) == n + 1
+        assert out.nfe[0] <= len(out.token_ids[0]), (trial, out.nfe, out.steps)
+
+
 def test_eos_in_a_later_block_and_budget_end():
     model = ScriptedLM({9: (EOS, 50.0)}, default=(6, 50.0))
     out = sbd.generate(model, None, [[7, 8]], block_size=4, gamma=math.inf, max_new_tokens=20)

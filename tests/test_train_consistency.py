@@ -16,7 +16,11 @@ from sbd.masks import inference_mask, training_mask
 from sbd.training.collator import SBDDataCollator
 
 TOL = 1e-4
-MASK_ID = 2  # tiny tokenizers: 0 EOS, 1 pad, 2 mask
+MASK_ID, EOS_ID = 2, 0  # tiny tokenizers: 0 EOS, 1 pad, 2 mask
+
+
+def _collator(**kw):
+    return SBDDataCollator(mask_token_id=MASK_ID, eos_token_id=EOS_ID, **kw)
 
 
 def _model(arch):
@@ -52,13 +56,16 @@ def _infer_block(model, prefix, block, with_cache):
 
 @pytest.mark.parametrize("arch", tiny.ARCHS)
 @pytest.mark.parametrize("aligned", [False, True], ids=["paper", "aligned"])
+@pytest.mark.parametrize("last_block", ["eos", "drop"])
 @torch.no_grad()
-def test_training_forward_equals_inference_calls(arch, aligned):
+def test_training_forward_equals_inference_calls(arch, aligned, last_block):
+    """Every complete noisy block, the EOS-padded last block included, equals its inference call."""
     model = _model(arch)
-    collator = SBDDataCollator(mask_token_id=MASK_ID, align_to_completion=aligned)
+    collator = _collator(align_to_completion=aligned, last_block=last_block)
     g = torch.Generator().manual_seed(3)
     lengths, prompts, k = [19, 11], [5, 3], 4
     seqs = [torch.randint(3, 97, (n,), generator=g).tolist() for n in lengths]
+    seqs[0][-1] = EOS_ID  # row 0 ends with EOS (padded under "eos"), row 1 was truncated (never padded)
     clean, batch = _batch(collator, seqs, prompts, k, eta=0.5, seed=7)
     labels = batch.pop("labels")
     n_clean = batch.pop("num_clean")
@@ -70,7 +77,12 @@ def test_training_forward_equals_inference_calls(arch, aligned):
         assert (logits[b, : len(seq)] - plain).abs().max() <= TOL, "clean half differs from a causal forward"
         origin = prompts[b] if aligned else 0
         noisy = batch["input_ids"][b, n_clean:]
-        for start in range(0, len(seq) - origin - k + 1, k):  # complete blocks
+        span = len(seq) - origin
+        if last_block == "eos" and seq[-1] == EOS_ID:
+            span = (span + k - 1) // k * k  # the block holding EOS is completed with EOS
+            assert noisy[len(seq) - origin : span].tolist() == [
+                MASK_ID if t == MASK_ID else EOS_ID for t in noisy[len(seq) - origin : span].tolist()]
+        for start in range(0, span - k + 1, k):  # complete blocks
             prefix = seq[: origin + start]
             block = noisy[start : start + k].tolist()
             train = logits[b, n_clean + start : n_clean + start + k]
@@ -79,13 +91,13 @@ def test_training_forward_equals_inference_calls(arch, aligned):
                 err = (train - ref).abs().max().item()
                 assert err <= TOL, f"{arch} row {b} block at {start} (cache={with_cache}): max diff {err}"
             checked += 1
-    assert checked >= 5
+    assert checked >= (6 if last_block == "eos" else 5)
     assert (labels[:, n_clean:] != -100).any(), "no MATP target in the batch: the test checks nothing"
 
 
 def test_dense_mask_is_spec_mask():
     """Unpadded, unaligned: the collator's mask is exactly sbd.masks.training_mask(L, k)."""
-    collator = SBDDataCollator(mask_token_id=MASK_ID)
+    collator = _collator()
     for n, k in [(16, 4), (13, 5), (7, 16), (9, 2)]:
         seqs = [list(range(3, 3 + n))] * 2
         _, batch = _batch(collator, seqs, [0, 0], k, eta=0.3, seed=n)
@@ -96,7 +108,7 @@ def test_dense_mask_is_spec_mask():
 
 def test_padding_rows_and_columns():
     """Real queries never see padding; padding queries see only themselves."""
-    collator = SBDDataCollator(mask_token_id=MASK_ID)
+    collator = _collator()
     _, batch = _batch(collator, [list(range(3, 13)), list(range(3, 9))], [0, 0], 4, eta=0.5, seed=0)
     mask = batch["attention_mask"][1, 0]  # row of length 6 in a batch of length 10
     n = 10
@@ -120,15 +132,15 @@ def test_flex_block_mask_matches_dense():
         return captured["mask"]
 
     for aligned in (False, True):
-        collator = SBDDataCollator(mask_token_id=MASK_ID, align_to_completion=aligned)
+        collator = _collator(align_to_completion=aligned)
         seqs, prompts, k = [list(range(3, 20)), list(range(3, 12))], [4, 2], 3
         clean, batch = _batch(collator, seqs, prompts, k, eta=0.5, seed=1)
         origin = clean["prompt_lengths"] if aligned else torch.zeros(2, dtype=torch.long)
         real_create = flex.create_block_mask
         flex.create_block_mask = fake_create
         try:
-            sbd_flex.training_block_mask(clean["lengths"], origin, batch["num_clean"],
-                                         collator.noisy_length(clean), k, "cpu")
+            sbd_flex.training_block_mask(clean["lengths"], origin, collator.noisy_lengths(clean, k),
+                                         batch["num_clean"], collator.noisy_length(clean, k), k, "cpu")
         finally:
             flex.create_block_mask = real_create
         assert torch.equal(captured["mask"], batch["attention_mask"])

@@ -28,7 +28,7 @@ def _model(arch):
 
 
 def _batch(mode, aligned, seed=3):
-    collator = SBDDataCollator(mask_token_id=MASK_ID, align_to_completion=aligned)
+    collator = SBDDataCollator(mask_token_id=MASK_ID, eos_token_id=0, align_to_completion=aligned)
     g = torch.Generator().manual_seed(seed)
     seqs = [torch.randint(3, 97, (n,), generator=g).tolist() for n in (19, 11, 16)]
     clean = collator.pad([{"input_ids": s, "prompt_length": p} for s, p in zip(seqs, [5, 3, 0])])

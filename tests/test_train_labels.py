@@ -18,8 +18,12 @@ class _Tok:
     mask_token_id, pad_token_id, eos_token_id = MASK_ID, PAD_ID, 0
 
 
-def naive_labels(seqs, prompts, noisy, k, length, aligned=False):
-    """SPEC §2 written out: one loop per half, one `if` per rule."""
+EOS_ID = _Tok.eos_token_id
+
+
+def naive_labels(seqs, prompts, noisy, k, length, aligned=False, last_block="eos"):
+    """SPEC §2 written out: one loop per half, one `if` per rule. With last_block="eos" a sequence ending
+    in EOS continues with EOS up to the end of its block, and those positions are targets too."""
     rows = []
     for seq, p, x_hat in zip(seqs, prompts, noisy):
         n = len(seq)
@@ -29,12 +33,16 @@ def naive_labels(seqs, prompts, noisy, k, length, aligned=False):
             clean.append(seq[i + 1] if has_next and i + 1 >= p else -100)
         origin = p if aligned else 0
         span = n - origin
-        complete_end = (span // k) * k
+        padded = span
+        if last_block == "eos" and seq[-1] == EOS_ID:
+            while padded % k:
+                padded += 1
+        complete_end = (padded // k) * k
         matp = []
         for j in range(len(x_hat)):
             pos = origin + j
-            if j < span and x_hat[j] == MASK_ID and j < complete_end and pos >= p:
-                matp.append(seq[pos])
+            if j < padded and x_hat[j] == MASK_ID and j < complete_end and pos >= p:
+                matp.append(seq[pos] if j < span else EOS_ID)
             else:
                 matp.append(-100)
         rows.append(clean + matp)
@@ -59,13 +67,16 @@ def naive_loss(logits, labels, num_clean):
 
 
 @pytest.mark.parametrize("aligned", [False, True], ids=["paper", "aligned"])
+@pytest.mark.parametrize("last_block", ["eos", "drop"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_labels_and_loss_match_naive_reference(seed, aligned):
+def test_labels_and_loss_match_naive_reference(seed, aligned, last_block):
     g = torch.Generator().manual_seed(seed)
     lengths = [int(x) for x in torch.randint(2, 40, (5,), generator=g)]
     prompts = [int(torch.randint(0, n - 1, (1,), generator=g)) if i % 2 else 0 for i, n in enumerate(lengths)]
     seqs = [torch.randint(3, 50, (n,), generator=g).tolist() for n in lengths]
-    collator = SBDDataCollator(_Tok(), align_to_completion=aligned)
+    for s in seqs[::2]:
+        s[-1] = EOS_ID  # rows 0, 2, 4 end with EOS; the others look truncated
+    collator = SBDDataCollator(_Tok(), align_to_completion=aligned, last_block=last_block)
     clean = collator.pad([{"input_ids": s, "prompt_length": p} for s, p in zip(seqs, prompts)])
     num_clean = max(lengths)
     for k in (2, 3, 5, 16):
@@ -75,13 +86,20 @@ def test_labels_and_loss_match_naive_reference(seed, aligned):
         assert batch["num_clean"] == num_clean
         assert batch["labels"].shape == (5, t) and batch["attention_mask"].shape == (5, 1, t, t)
         noisy = batch["input_ids"][:, num_clean:].tolist()
-        expected = naive_labels(seqs, prompts, noisy, k, num_clean, aligned)
+        expected = naive_labels(seqs, prompts, noisy, k, num_clean, aligned, last_block)
         assert torch.equal(batch["labels"], expected), f"labels differ from the naive reference (k={k})"
         # the noisy copy is the clean one with some positions replaced by the mask token, nothing else
         for b, (s, p) in enumerate(zip(seqs, prompts)):
             origin = p if aligned else 0
             for j, tok in enumerate(noisy[b][: len(s) - origin]):
                 assert tok in (MASK_ID, s[origin + j])
+            padded = len(s) - origin
+            if last_block == "eos" and s[-1] == EOS_ID:
+                padded = -(-padded // k) * k
+            assert all(tok in (MASK_ID, EOS_ID) for tok in noisy[b][len(s) - origin: padded])
+            assert all(tok == PAD_ID for tok in noisy[b][padded:])
+            pos = batch["position_ids"][b, num_clean: num_clean + padded]
+            assert pos.tolist() == list(range(origin, origin + padded))
         logits = torch.randn(5, t, 23, generator=g) * 3
         labels = batch["labels"] % 23  # keep targets inside the small random vocabulary
         labels[batch["labels"] == -100] = -100
@@ -119,6 +137,33 @@ def test_fixed_block_size_and_rate():
     assert torch.equal(batch["labels"], expected)
     assert int((batch["labels"][0, 20:] != -100).sum()) == 18  # three complete blocks of 6, all masked
     assert int((batch["labels"][0, :20] != -100).sum()) == 19
+
+
+def test_eos_padding_completes_the_last_block():
+    """A 10-token sequence ending in EOS, k=4: the noisy copy runs to 12, with EOS targets at 9 (the real
+    EOS), 10 and 11; under the paper's rule (drop) only the two complete blocks carry MATP targets."""
+    seq = list(range(3, 12)) + [EOS_ID]
+    batch = SBDDataCollator(_Tok(), block_size=4, mask_rate=1.0)([{"input_ids": seq}])
+    assert batch["input_ids"].shape[1] == 10 + 12
+    assert batch["labels"][0, 10:].tolist() == list(range(3, 12)) + [EOS_ID] * 3
+    dropped = SBDDataCollator(_Tok(), block_size=4, mask_rate=1.0, last_block="drop")([{"input_ids": seq}])
+    assert dropped["labels"][0, 10:].tolist() == list(range(3, 11)) + [-100] * 2
+    truncated = SBDDataCollator(_Tok(), block_size=4, mask_rate=1.0)([{"input_ids": seq[:-1] + [40]}])
+    assert truncated["labels"][0, 10:].tolist() == list(range(3, 11)) + [-100] * 2  # no EOS: nothing padded
+
+
+def test_suffix_masked_blocks():
+    """suffix_share=1: every block shows a prefix of its tokens and masks the rest (at least one mask)."""
+    collator = SBDDataCollator(_Tok(), block_size=5, seed=0, suffix_share=1.0)
+    cuts = set()
+    for _ in range(30):
+        noisy = collator([{"input_ids": list(range(3, 23))}])["input_ids"][0, 20:].tolist()
+        for start in range(0, 20, 5):
+            masked = [t == MASK_ID for t in noisy[start:start + 5]]
+            cut = masked.index(True)
+            assert masked == [False] * cut + [True] * (5 - cut)
+            cuts.add(cut)
+    assert cuts == set(range(5))
 
 
 def test_prompt_tokens_carry_no_loss():
@@ -159,3 +204,9 @@ def test_collator_needs_a_mask_token():
         SBDDataCollator(None)
     with pytest.raises(SBDError, match="block_size_range"):
         SBDDataCollator(_Tok(), block_size_range=(5, 3))
+    with pytest.raises(SBDError, match="EOS"):
+        SBDDataCollator(mask_token_id=MASK_ID)  # EOS padding needs to know EOS
+    with pytest.raises(SBDError, match="last_block"):
+        SBDDataCollator(_Tok(), last_block="pad")
+    with pytest.raises(SBDError, match="suffix_share"):
+        SBDDataCollator(_Tok(), suffix_share=1.5)

@@ -16,6 +16,7 @@ from ..errors import SBDError
 
 IGNORE = -100
 BLOCK_SIZE_RANGE = (2, 16)
+LAST_BLOCK_RULES = ("eos", "drop")
 
 
 def _ids(feature, i: int) -> list[int]:
@@ -37,11 +38,18 @@ class SBDDataCollator:
     sequence. seed: seeds the collator's own generator (None: torch's global generator).
     align_to_completion: the noisy copy holds only the completion, with blocks starting where the
     completion starts (where decoding puts them); the mask stays exact. Off by default (paper layout).
+    last_block: what happens to the block that holds the end of a sequence. "eos" (default): a sequence
+    that ends with EOS is padded with EOS in the noisy copy up to the end of that block, with EOS as
+    the masked target on the padding, so the block decoding will stop in is trained for every k
+    (docs/method.md). "drop": the paper's rule, masked targets only inside complete blocks.
+    suffix_share: share of noisy blocks masked as a suffix (the block's first c tokens visible, the
+    rest masked, c uniform) instead of independently at rate η: the pattern left-to-right decoding sees.
     """
 
     def __init__(self, tokenizer=None, mask_token_id: int | None = None, block_size: int | None = None,
                  mask_rate: float | None = None, seed: int | None = None,
-                 block_size_range: tuple[int, int] = BLOCK_SIZE_RANGE, align_to_completion: bool = False):
+                 block_size_range: tuple[int, int] = BLOCK_SIZE_RANGE, align_to_completion: bool = False,
+                 last_block: str = "eos", eos_token_id: int | None = None, suffix_share: float = 0.0):
         if mask_token_id is None and tokenizer is not None:
             mask_token_id = getattr(tokenizer, "mask_token_id", None)
         if mask_token_id is None:
@@ -53,6 +61,15 @@ class SBDDataCollator:
             raise SBDError(f"block_size must be an integer >= 1, got {block_size!r}")
         if mask_rate is not None and not (0.0 <= float(mask_rate) <= 1.0):
             raise SBDError(f"mask_rate must lie in [0, 1], got {mask_rate!r}")
+        if last_block not in LAST_BLOCK_RULES:
+            raise SBDError(f"last_block must be one of {', '.join(LAST_BLOCK_RULES)}, got {last_block!r}")
+        if eos_token_id is None and tokenizer is not None:
+            eos_token_id = getattr(tokenizer, "eos_token_id", None)
+        if last_block == "eos" and eos_token_id is None:
+            raise SBDError("last_block='eos' pads with the EOS token, but none is known: pass eos_token_id "
+                           "or use last_block='drop'")
+        if not 0.0 <= float(suffix_share) <= 1.0:
+            raise SBDError(f"suffix_share must lie in [0, 1], got {suffix_share!r}")
         pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
         if pad is None and tokenizer is not None:
             pad = getattr(tokenizer, "eos_token_id", None)
@@ -61,6 +78,9 @@ class SBDDataCollator:
         self.block_size, self.mask_rate = block_size, mask_rate
         self.block_size_range = (lo, hi)
         self.align_to_completion = align_to_completion
+        self.last_block = last_block
+        self.eos_token_id = int(eos_token_id) if eos_token_id is not None else None
+        self.suffix_share = float(suffix_share)
         self.seed = seed
         self.generator = torch.Generator().manual_seed(seed) if seed is not None else None
 
@@ -86,11 +106,30 @@ class SBDDataCollator:
         return {"input_ids": ids, "lengths": torch.tensor([len(s) for s in seqs]),
                 "prompt_lengths": torch.tensor(prompts), "index": torch.tensor(index)}
 
-    def noisy_length(self, clean: dict) -> int:
-        """Length M of the noisy copy: L, or the longest completion when aligned to completions."""
-        if not self.align_to_completion:
-            return clean["input_ids"].shape[1]
-        return int((clean["lengths"] - clean["prompt_lengths"]).max())
+    def _origins(self, clean: dict) -> torch.Tensor:
+        """Where each row's noisy copy (and its first block) starts in x: 0, or the completion start."""
+        return clean["prompt_lengths"] if self.align_to_completion else torch.zeros_like(clean["prompt_lengths"])
+
+    def noisy_lengths(self, clean: dict, block_size: int) -> torch.Tensor:
+        """(B,) real length of each row's noisy copy for block size k: the tokens from its origin on, plus
+        the EOS padding that completes the block holding a final EOS (last_block="eos")."""
+        lengths, ids = clean["lengths"], clean["input_ids"]
+        span = lengths - self._origins(clean).to(lengths.device)
+        if self.last_block != "eos":
+            return span
+        k = int(block_size)
+        last = ids.gather(1, (lengths.to(ids.device) - 1)[:, None])[:, 0].to(lengths.device)
+        ends = last == self.eos_token_id
+        return torch.where(ends, (span + k - 1) // k * k, span)
+
+    def noisy_length(self, clean: dict, block_size: int | None = None) -> int:
+        """Length M of the noisy copy for block size k; without k, the largest M any k drawn can give
+        (the number of uniforms to draw per sequence)."""
+        if block_size is None:
+            lo, hi = self.block_size_range
+            sizes = [self.block_size] if self.block_size is not None else range(lo, hi + 1)
+            return max(self.noisy_length(clean, k) for k in sizes)
+        return int(self.noisy_lengths(clean, block_size).max())
 
     # -- random part -------------------------------------------------------------------------------
     def draw_block_size(self, generator: torch.Generator | None = None) -> int:
@@ -111,27 +150,52 @@ class SBDDataCollator:
             eta = torch.full_like(eta, float(self.mask_rate))
         return eta, u
 
-    def corrupt(self, clean: dict, block_size: int, eta: torch.Tensor, u: torch.Tensor,
-                dense_mask: bool = True) -> dict:
-        """The doubled batch for block size k: position p of the noisy copy is masked iff u < η.
+    def draw_block_noise(self, batch: int, length: int, generators=None) -> torch.Tensor | None:
+        """(B, length, 2) uniforms for the suffix-masked blocks (whether, where the cut is), read at each
+        block's first position; None when suffix_share is 0 (nothing is drawn then)."""
+        if self.suffix_share <= 0:
+            return None
+        if generators is None or isinstance(generators, torch.Generator):
+            return torch.rand(batch, length, 2, generator=generators)
+        return torch.stack([torch.rand(length, 2, generator=g) for g in generators])
 
+    def corrupt(self, clean: dict, block_size: int, eta: torch.Tensor, u: torch.Tensor,
+                dense_mask: bool = True, block_noise: torch.Tensor | None = None) -> dict:
+        """The doubled batch for block size k: position p of the noisy copy is masked iff u < η (or, in a
+        suffix-masked block, iff p lies at or after the block's cut).
+
+        u: (B, ≥M) uniforms; block_noise: `draw_block_noise`'s draw (needed when suffix_share > 0).
         Returns input_ids, position_ids (B,T), attention_mask (B,1,T,T) bool, labels (B,T) and
-        num_clean = L, where T = L + M (M = L unless aligned to completions). dense_mask=False leaves
-        attention_mask None (the caller builds a flex_attention BlockMask instead).
+        num_clean = L, where T = L + M. dense_mask=False leaves attention_mask None (the caller builds a
+        flex_attention BlockMask instead, from `noisy_lengths`).
         """
         ids, lengths, prompt = clean["input_ids"], clean["lengths"], clean["prompt_lengths"]
         dev = ids.device
         lengths, prompt = lengths.to(dev), prompt.to(dev)
         b, n = ids.shape
         k = int(block_size)
-        origin = prompt if self.align_to_completion else torch.zeros_like(prompt)
-        n_noisy = lengths - origin
-        m = self.noisy_length(clean)
+        origin = self._origins(clean).to(dev)
+        n_src = lengths - origin                                             # tokens of x in the noisy copy
+        n_noisy = self.noisy_lengths(clean, k).to(dev)                       # plus the EOS padding
+        m = int(n_noisy.max())
+        if u.shape[1] < m:
+            raise ValueError(f"need {m} uniforms per sequence for block size {k}, got {u.shape[1]}")
         j = torch.arange(m, device=dev)
         src_pos = origin[:, None] + j[None]                                  # (B,M) position in x
         noisy_real = j[None] < n_noisy[:, None]
-        src = ids.gather(1, src_pos.clamp(max=n - 1))
-        masked = noisy_real & (u[:, :m].to(dev) < eta.to(dev)[:, None])
+        from_x = j[None] < n_src[:, None]
+        src = torch.where(from_x, ids.gather(1, src_pos.clamp(max=n - 1)),
+                          self.eos_token_id if self.eos_token_id is not None else self.pad_token_id)
+        masked = u[:, :m].to(dev) < eta.to(dev)[:, None]
+        if self.suffix_share > 0:
+            if block_noise is None:
+                raise ValueError("suffix_share > 0 needs block_noise (draw_block_noise)")
+            start = j - j % k                                                # first position of each block
+            first = block_noise[:, :m].to(dev).gather(1, start[None, :, None].expand(b, m, 2))
+            suffix = first[..., 0] < self.suffix_share
+            cut = (first[..., 1] * k).floor()
+            masked = torch.where(suffix, (j % k)[None] >= cut, masked)
+        masked &= noisy_real
         noisy_ids = torch.where(masked, self.mask_token_id, torch.where(noisy_real, src, self.pad_token_id))
         clean_real = torch.arange(n, device=dev)[None] < lengths[:, None]
 
@@ -142,11 +206,13 @@ class SBDDataCollator:
         nxt = torch.arange(1, n, device=dev)[None]
         ntp_ok = (nxt < lengths[:, None]) & (nxt >= prompt[:, None])
         labels[:, : n - 1] = torch.where(ntp_ok, ids[:, 1:], IGNORE)
-        complete = j[None] < (n_noisy // k * k)[:, None]
+        complete = j[None] < (n_noisy // k * k)[:, None]                    # padded rows are complete
         matp_ok = masked & complete & (src_pos >= prompt[:, None])
         labels[:, n:] = torch.where(matp_ok, src, IGNORE)
 
-        position_ids = torch.cat([torch.arange(n, device=dev).expand(b, n), src_pos.clamp(max=n - 1)], 1)
+        # every position id stays within the row's real span (padding rows are masked out anyway)
+        noisy_pos = torch.minimum(src_pos, (origin + n_noisy - 1).clamp_min(0)[:, None])
+        position_ids = torch.cat([torch.arange(n, device=dev).expand(b, n), noisy_pos], 1)
         return {"input_ids": torch.cat([ids, noisy_ids], 1), "position_ids": position_ids,
                 "attention_mask": None if allowed is None else allowed[:, None], "labels": labels, "num_clean": n}
 
@@ -186,7 +252,8 @@ class SBDDataCollator:
     def __call__(self, features: Sequence[dict]) -> dict:
         clean = self.pad(features)
         k = self.draw_block_size(self.generator)
-        eta, u = self.draw_noise(len(features), self.noisy_length(clean), self.generator)
-        out = self.corrupt(clean, k, eta, u)
+        m = self.noisy_length(clean, k)
+        eta, u = self.draw_noise(len(features), m, self.generator)
+        out = self.corrupt(clean, k, eta, u, block_noise=self.draw_block_noise(len(features), m, self.generator))
         out.pop("num_clean")
         return out

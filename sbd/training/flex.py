@@ -11,14 +11,16 @@ from __future__ import annotations
 import torch
 
 
-def training_block_mask(lengths: torch.Tensor, origins: torch.Tensor, num_clean: int, num_noisy: int,
-                        block_size: int, device):
-    """BlockMask over [clean (num_clean) | noisy (num_noisy)] for a right-padded batch."""
+def training_block_mask(lengths: torch.Tensor, origins: torch.Tensor, noisy_lengths: torch.Tensor, num_clean: int,
+                        num_noisy: int, block_size: int, device):
+    """BlockMask over [clean (num_clean) | noisy (num_noisy)] for a right-padded batch.
+
+    lengths: real clean length of each row; origins: where its noisy copy starts in x; noisy_lengths:
+    real noisy length of each row (EOS padding included), as `SBDDataCollator.noisy_lengths` gives it."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     n, k = num_clean, block_size
-    lengths, origins = lengths.to(device), origins.to(device)
-    n_noisy = lengths - origins
+    lengths, origins, n_noisy = lengths.to(device), origins.to(device), noisy_lengths.to(device)
 
     def mask_mod(b, h, q, kv):
         q_noisy, kv_noisy = q >= n, kv >= n

@@ -154,19 +154,20 @@ class SBDTrainer(Trainer):
             batch = c.causal(clean)
         else:
             k = self.block_size_for_step(step)
-            m = c.noisy_length(clean)
+            m = c.noisy_length(clean, k)
             rank = self.args.process_index
             keys = [mix(self.noise_seed, step, i) if i >= 0 else mix(self.noise_seed, step, rank, micro, row, 1)
                     for row, i in enumerate(clean["index"].tolist())]
-            eta, u = c.draw_noise(len(keys), m, [torch.Generator().manual_seed(s) for s in keys])
+            gens = [torch.Generator().manual_seed(s) for s in keys]
+            eta, u = c.draw_noise(len(keys), m, gens)
             flex = self._use_flex()
-            batch = c.corrupt(clean, k, eta, u, dense_mask=not flex)
+            batch = c.corrupt(clean, k, eta, u, dense_mask=not flex, block_noise=c.draw_block_noise(len(keys), m, gens))
             if flex:
                 from .flex import training_block_mask
 
-                origin = clean["prompt_lengths"] if c.align_to_completion else torch.zeros_like(clean["lengths"])
                 batch["attention_mask"] = training_block_mask(
-                    clean["lengths"], origin, batch["num_clean"], m, k, self.args.device)
+                    clean["lengths"], c._origins(clean), c.noisy_lengths(clean, k), batch["num_clean"], m, k,
+                    self.args.device)
         batch["num_tokens"] = clean["lengths"].sum()
         return batch
 
