@@ -23,6 +23,8 @@ ARMS = {
     "eos+suffix50": ["--suffix-share", "0.5"],
     "eos+lr1e-3": ["--lr", "1e-3"],
     "eos+k8-16": ["--block-size-min", "8"],
+    "eos-900steps": ["--steps", "900"],                    # training length (argparse keeps the last --steps)
+    "ntp-900steps": ["--mode", "ntp", "--steps", "900"],   # its fair NTP baseline
 }
 
 
@@ -36,6 +38,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=5e-4)
     ap.add_argument("--train-per-task", type=int, default=20000)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--check-per-task", type=int, default=50, help="held-out problems per task for the check")
     args = ap.parse_args()
 
     import torch
@@ -74,6 +77,33 @@ def main() -> None:
         record_path.write_text(json.dumps(record, indent=1))
         for ckpt in dest.glob("checkpoint-*"):
             shutil.rmtree(ckpt)
+    check(out, record, args.arms.split(","), args.check_per_task)
+    record_path.write_text(json.dumps(record, indent=1))
+
+
+def check(out: Path, record: dict, arms: list[str], per_task: int) -> None:
+    """The convergence check of every trained arm (and the start model), then one Markdown table."""
+    import torch
+
+    from sbd.evaluation.convergence import convergence_check, heldout_examples
+    from sbd.loading import load
+
+    tasks = ["chain_sum", "number_sorting", "word_sequence_reversal"]
+    for arm in ["start", *arms]:
+        entry = record.setdefault(arm, {})
+        if "check" in entry or not (out / arm / "model.safetensors").exists():
+            continue
+        model, tok = load(out / arm, dtype=torch.float32)
+        report = convergence_check(model, heldout_examples(tok, tasks, per_task, 0, 160), block_size=16)
+        entry["check"] = report.headline()
+    print("| arm | NTP % | masked, left context % | gap | interior gap | final-block gap | fully masked % |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for arm in ["start", *arms]:
+        h = record.get(arm, {}).get("check")
+        if h:
+            print(f"| {arm} | {h['ntp_acc']:.1f} | {h['masked_acc']:.1f} | {h['gap']:+.1f} | "
+                  f"{h['interior_masked_acc'] - h['interior_ntp_acc']:+.1f} | "
+                  f"{h['final_masked_acc'] - h['final_ntp_acc']:+.1f} | {h['full_mask_acc']:.1f} |")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import sys
 from .argtypes import gamma_value as _gamma
 from .argtypes import positive_int as _positive
 from .errors import SBDError
+from .convergence_cli import add_convergence_parser, cmd_convergence
 from .demo import add_demo_parser, cmd_demo
 from .eval_cli import add_eval_parser, cmd_eval
 from .experiment import add_experiment_parser, cmd_experiment
@@ -60,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(sub)
     add_train_parser(sub)
     add_eval_parser(sub)
+    add_convergence_parser(sub)
     add_experiment_parser(sub)
     add_demo_parser(sub)
     return parser
@@ -138,7 +140,7 @@ def main(argv=None) -> int:
     hf_logging.disable_progress_bar()  # ours show progress; theirs would print one bar per file written
     try:
         {"init": cmd_init, "generate": cmd_generate, "train": cmd_train, "eval": cmd_eval,
-         "experiment": cmd_experiment, "demo": cmd_demo}[args.command](args)
+         "experiment": cmd_experiment, "demo": cmd_demo, "convergence": cmd_convergence}[args.command](args)
     except SBDError as e:
         print(f"sbd: error: {e}", file=sys.stderr)
         return 2

@@ -5,10 +5,13 @@ run continues where it stopped; an interrupted training phase resumes from its l
 
   data      seeded train split of the tasks, rendered as prompt -> worked solution (jsonl)
   init      a small random Llama and a byte-level BPE tokenizer trained on the task text
-  pretrain  NTP training from scratch (`sbd train --mode ntp`)
-  ntp, sbd  two fine-tunes of the pretrained model, same steps and data order: the NTP baseline and SBD
-  release   fp16 copies of both fine-tunes: the exact files that are evaluated and shipped
-  eval      NTP-trained model with NTP decoding; SBD-trained model with NTP decoding and SBD at each γ
+  pretrain  NTP training from scratch (`sbd train --mode ntp`); skipped when the scale has no pretraining,
+            and the two runs below then start from the random model (SBD loss from the start)
+  ntp, sbd  two trainings of the same start model, same steps and data order: the NTP baseline and SBD;
+            both log the held-out masked vs NTP accuracy (`sbd convergence`) as they go
+  release   fp16 copies of both: the exact files that are evaluated and shipped
+  eval      NTP-trained model with NTP decoding; SBD-trained model with NTP decoding and SBD at each γ;
+            the convergence check of both models
 
 Results: results/results.json, results.md (Table 1 layout) and accuracy_vs_speedup.png, plus
 experiment.json with the scale, the command and the wall time of each phase.
@@ -52,6 +55,10 @@ class Scale:
     repeats: int = 3
     eval_batch_size: int = 1
     align_to_completion: bool = True
+    last_block: str = "eos"
+    suffix_share: float = 0.0
+    heldout_per_task: int = 16     # held-out problems per task for the convergence check logged in training
+    check_per_task: int = 50       # ... and for the check of the released models
     seed: int = 0
     extra: dict = field(default_factory=dict)
 
@@ -61,7 +68,7 @@ SCALES = {
     # CI: the whole pipeline end to end in seconds; the numbers mean nothing.
     "toy": Scale(tasks=TASKS, train_per_task=30, eval_per_task=2, vocab_size=300, hidden=32, layers=1, heads=2,
                  pretrain_steps=3, finetune_steps=2, batch_size=8, pretrain_lr=1e-3, finetune_lr=1e-3,
-                 gammas=(0.0, 1.0), max_new_tokens=16, repeats=1),
+                 gammas=(0.0, 1.0), max_new_tokens=16, repeats=1, heldout_per_task=2, check_per_task=2),
     # The recorded experiment: about an hour on 2 CPU cores.
     "tiny": Scale(tasks=TASKS, train_per_task=20000, eval_per_task=200, vocab_size=1024, hidden=256, layers=4,
                   heads=4, pretrain_steps=2000, finetune_steps=700, batch_size=24, pretrain_lr=1e-3,
@@ -119,6 +126,7 @@ class Experiment:
 
         s = self.scale
         n = render_jsonl(list(s.tasks), "train", s.train_per_task, s.seed, self.path("data") / "train.jsonl")
+        render_jsonl(list(s.tasks), "test", s.heldout_per_task, s.seed, self.path("data") / "heldout.jsonl")
         self.record["train_examples"] = n
 
     def _texts(self) -> list[str]:
@@ -145,7 +153,10 @@ class Experiment:
         argv = ["train", "--model", str(model), "--data", str(self.path("data") / "train.jsonl"),
                 "--out", str(out), "--mode", mode, "--steps", str(steps), "--batch-size", str(s.batch_size),
                 "--lr", str(lr), "--max-len", str(s.max_len), "--seed", str(s.seed),
-                "--save-steps", str(max(1, steps // 4)), "--logging-steps", str(max(1, min(50, steps // 10)))]
+                "--save-steps", str(max(1, steps // 4)), "--logging-steps", str(max(1, min(50, steps // 10))),
+                "--last-block", s.last_block, "--suffix-share", str(s.suffix_share),
+                "--eval-data", str(self.path("data") / "heldout.jsonl"), "--eval-n", str(10 ** 6),
+                "--eval-block-size", str(s.block_size), "--eval-steps", str(max(1, steps // 8))]
         if mode == "sbd" and s.align_to_completion:
             argv.append("--align-to-completion")
         if latest_checkpoint(out) is not None:
@@ -158,11 +169,13 @@ class Experiment:
 
     def pretrain(self) -> None:
         s = self.scale
-        self._train(self.path("init"), self.path("pretrain"), "ntp", s.pretrain_steps, s.pretrain_lr)
+        if s.pretrain_steps:
+            self._train(self.path("init"), self.path("pretrain"), "ntp", s.pretrain_steps, s.pretrain_lr)
 
     def finetune(self, mode: str) -> None:
         s = self.scale
-        self._train(self.path("pretrain"), self.path(mode), mode, s.finetune_steps, s.finetune_lr)
+        start = self.path("pretrain") if s.pretrain_steps else self.path("init")
+        self._train(start, self.path(mode), mode, s.finetune_steps, s.finetune_lr)
 
     def release(self) -> None:
         """fp16 copies of both fine-tunes: what is evaluated is exactly what ships."""
@@ -190,10 +203,28 @@ class Experiment:
         common = dict(tasks=list(s.tasks), n=s.eval_per_task, block_size=s.block_size,
                       max_new_tokens=s.max_new_tokens, batch_size=s.eval_batch_size, repeats=s.repeats,
                       seed=s.seed, progress=self.progress)
-        rows = []
+        from .evaluation.convergence import convergence_check, heldout_examples
+
+        rows, checks = [], {}
         for mode, label, gammas in (("ntp", "NTP-trained", []), ("sbd", "SBD-trained", list(s.gammas))):
             model, tok = load(self.path("release") / mode, dtype=torch.float32)
+            examples = heldout_examples(tok, list(s.tasks), s.check_per_task, s.seed, s.max_len)
+            checks[mode] = convergence_check(model, examples, block_size=s.block_size, progress=self.progress)
             rows += evaluate(model, tok, gammas=gammas, label=label, **common)
+        self.path("eval").mkdir(parents=True, exist_ok=True)
+        (self.path("eval") / "convergence.json").write_text(
+            json.dumps({mode: c.to_dict() for mode, c in checks.items()}, indent=1))
+        (self.path("eval") / "convergence.md").write_text("".join(
+            f"## {label}\n\n{checks[mode].to_markdown()}\n" for mode, label in
+            (("sbd", "SBD-trained"), ("ntp", "NTP-trained (its mask token never trained)"))))
+        from .evaluation.plot import plot_learning_curves
+
+        curves = {}
+        for mode, label in (("sbd", "SBD-trained"), ("ntp", "NTP-trained")):
+            metrics = self.path(mode) / "metrics.jsonl"
+            if metrics.exists():
+                curves[label] = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+        plot_learning_curves(curves, self.path("eval") / "learning_curves.png")
         meta = {**machine_metadata(), **model_metadata(model), "command": self.record.get("command", ""),
                 "experiment": self.name, "phase_seconds": self.record["phase_seconds"]}
         paths = write_report(rows, self.path("eval"), meta)

@@ -57,6 +57,12 @@ def add_train_parser(sub) -> None:
     p.add_argument("--logging-steps", type=int, default=10, help="log every N steps (default: 10)")
     p.add_argument("--attention", default="auto", choices=["auto", "sdpa", "flex"],
                    help="auto: flex_attention on CUDA, SDPA with a dense mask elsewhere (default: auto)")
+    p.add_argument("--eval-data", default=None,
+                   help="held-out data (same forms as --data): every --eval-steps, log the teacher-forced masked vs "
+                        "NTP accuracy on it (see `sbd convergence`)")
+    p.add_argument("--eval-n", type=int, default=64, help="records of --eval-data used (default: 64)")
+    p.add_argument("--eval-steps", type=int, default=None, help="steps between checks (default: --save-steps)")
+    p.add_argument("--eval-block-size", type=int, default=16, help="block size of the check (default: 16)")
     p.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -80,6 +86,10 @@ def _check(args) -> None:
         raise SBDError(f"--block-size must be >= 1, got {args.block_size}")
     if args.mask_rate is not None and not (0 < args.mask_rate <= 1):
         raise SBDError(f"--mask-rate must lie in (0, 1], got {args.mask_rate}")
+    for flag, value in (("--eval-n", args.eval_n), ("--eval-block-size", args.eval_block_size),
+                        ("--eval-steps", args.eval_steps if args.eval_steps is not None else 1)):
+        if value < 1:
+            raise SBDError(f"{flag} must be >= 1, got {value}")
     if not 0 <= args.suffix_share <= 1:
         raise SBDError(f"--suffix-share must lie in [0, 1], got {args.suffix_share}")
     if args.save_total_limit < 0:
@@ -119,8 +129,9 @@ def _prepare_out(args) -> str | None:
 def cmd_train(args) -> None:
     _check(args)
     resume_from = _prepare_out(args)
-    if not args.data.startswith("reasoning-gym:") and not Path(args.data).is_file():
-        raise SBDError(f"data file {args.data!r} does not exist")
+    for flag, spec in (("--data", args.data), ("--eval-data", args.eval_data)):
+        if spec is not None and not spec.startswith("reasoning-gym:") and not Path(spec).is_file():
+            raise SBDError(f"{flag} file {spec!r} does not exist")
 
     import torch
 
@@ -142,6 +153,10 @@ def cmd_train(args) -> None:
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     dataset = tokenize_records(records, tokenizer, args.max_len, mask_id)
+    heldout = None
+    if args.eval_data is not None:
+        held = tokenize_records(load_records(args.eval_data)[: args.eval_n], tokenizer, args.max_len, mask_id)
+        heldout = [held[i] for i in range(len(held))]
     collator = SBDDataCollator(tokenizer, mask_token_id=mask_id, block_size=args.block_size,
                                mask_rate=args.mask_rate, block_size_range=(args.block_size_min, args.block_size_max),
                                align_to_completion=args.align_to_completion, last_block=args.last_block,
@@ -154,11 +169,12 @@ def cmd_train(args) -> None:
     out = Path(args.out)
     trainer = SBDTrainer(model, training_args, data_collator=collator, train_dataset=dataset,
                          processing_class=tokenizer, mode=args.mode, metrics_file=out / METRICS_FILE,
-                         show_progress=not args.no_progress)
+                         show_progress=not args.no_progress, convergence_examples=heldout,
+                         convergence_steps=args.eval_steps, convergence_block_size=args.eval_block_size)
     main = trainer.is_world_process_zero()
     if main:
         out.mkdir(parents=True, exist_ok=True)
-        (out / RUN_FILE).write_text(json.dumps(_run_settings(args), indent=1))
+        (out / RUN_FILE).write_text(json.dumps({**_run_settings(args), "model": str(args.model)}, indent=1))
     trainer.train(resume_from_checkpoint=resume_from)
     step = trainer.state.global_step
     if trainer.interrupted:

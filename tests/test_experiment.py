@@ -34,6 +34,30 @@ def test_every_phase_leaves_its_artefacts(run):
                        ("SBD-trained", "sbd", 0.0), ("SBD-trained", "sbd", 1.0)}
     assert (run / "eval" / "accuracy_vs_speedup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "Table 1" in (run / "eval" / "results.md").read_text()
+    assert (run / "eval" / "learning_curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    checks = json.loads((run / "eval" / "convergence.json").read_text())
+    assert set(checks) == {"ntp", "sbd"} and all(c["headline"]["tokens"] > 0 for c in checks.values())
+    for mode in ("ntp", "sbd"):  # both trainings logged the held-out convergence check
+        logs = [json.loads(line) for line in (run / mode / "metrics.jsonl").read_text().splitlines()]
+        assert any("gap" in r for r in logs), mode
+
+
+def test_no_pretraining_trains_both_models_from_the_random_start(tmp_path, monkeypatch):
+    """A scale without pretraining: SBD loss from the first step, the NTP run from the same start."""
+    import dataclasses
+
+    from sbd import experiment
+
+    monkeypatch.setitem(experiment.SCALES, "toy", dataclasses.replace(experiment.SCALES["toy"], pretrain_steps=0))
+    exp = Experiment("toy", tmp_path / "run", progress=False)
+    for phase in ("data", "init", "pretrain", "ntp"):
+        exp.path(phase).mkdir(parents=True, exist_ok=True)
+        {"data": exp.make_data, "init": exp.make_model, "pretrain": exp.pretrain, "ntp": lambda: exp.finetune("ntp")}[phase]()
+    assert not (exp.path("pretrain") / "model.safetensors").exists()
+    settings = json.loads((exp.path("ntp") / "sbd_train.json").read_text())
+    assert settings["steps"] == experiment.SCALES["toy"].finetune_steps
+    assert settings["model"] == str(exp.path("init"))
+    assert (exp.path("ntp") / "model.safetensors").exists()
 
 
 def test_released_models_are_fp16_files_that_load_and_decode(run):

@@ -37,7 +37,13 @@ def _train(workdir, out, mode, extra=()):
 
 
 def test_sbd_run_lowers_both_losses_and_ntp_run_leaves_matp_high(workdir, capsys):
-    logs_sbd = [r for r in _train(workdir, workdir / "sbd", "sbd") if "ntp_loss" in r]
+    held = ["--eval-data", str(workdir / "toy.jsonl"), "--eval-n", "8", "--eval-steps", "50", "--eval-block-size", "4"]
+    logs = _train(workdir, workdir / "sbd", "sbd", held)
+    checks = [r for r in logs if "gap" in r]  # the convergence check, logged at steps 50, 100 and 150
+    assert [r["step"] for r in checks] == [50, 100, 150]
+    assert all(r["gap"] == pytest.approx(r["masked_acc"] - r["ntp_acc"], abs=0.02) for r in checks)
+    assert checks[-1]["masked_acc"] > checks[0]["masked_acc"] + 5, checks
+    logs_sbd = [r for r in logs if "ntp_loss" in r]
     first, last = logs_sbd[0], logs_sbd[-1]
     assert last["ntp_loss"] < 0.6 * first["ntp_loss"]
     assert last["matp_loss"] < 0.6 * first["matp_loss"]

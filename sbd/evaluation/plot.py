@@ -59,3 +59,33 @@ def plot_accuracy_vs_speedup(rows: list[dict], path) -> Path:
     fig.savefig(path, format="png")
     plt.close(fig)
     return path
+
+
+def plot_learning_curves(runs: dict[str, list[dict]], path) -> Path:
+    """Held-out masked (left context) and NTP top-1 accuracy against training steps, from the
+    `masked_acc` / `ntp_acc` lines `sbd train --eval-data` writes to metrics.jsonl; one colour per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
+    colors = plt.get_cmap("tab10")
+    for i, (name, logs) in enumerate(runs.items()):
+        points = [r for r in logs if "masked_acc" in r]
+        steps = [r["step"] for r in points]
+        ax.plot(steps, [r["ntp_acc"] for r in points], color=colors(i), linestyle="-", marker="s", markersize=3,
+                label=f"{name}: NTP")
+        ax.plot(steps, [r["masked_acc"] for r in points], color=colors(i), linestyle="--", marker="o", markersize=3,
+                label=f"{name}: masked, left context")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("held-out top-1 accuracy, teacher-forced (%)")
+    ax.set_title("Masked vs next-token prediction while training (sbd convergence)")
+    ax.title.set_fontsize(9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, format="png")
+    plt.close(fig)
+    return path

@@ -90,10 +90,15 @@ class SBDTrainer(Trainer):
     data_collator: an `SBDDataCollator` (built from `processing_class` and the model's mask token if
     omitted). The model is called without labels; the loss is `sbd.training.loss.sbd_loss`.
     metrics_file: a jsonl file that receives every log line (main process only).
+    convergence_examples: held-out `{"input_ids", "prompt_length"}` examples; every `convergence_steps`
+    steps (default: the save interval) and at the end, the teacher-forced masked vs NTP accuracy on them
+    (`sbd.evaluation.convergence`) is logged as masked_acc, ntp_acc and gap, so a user sees when SBD
+    fine-tuning has converged.
     """
 
     def __init__(self, model=None, args: TrainingArguments | None = None, data_collator=None, train_dataset=None,
                  processing_class=None, *, mode: str = "sbd", metrics_file=None, show_progress: bool = True,
+                 convergence_examples=None, convergence_steps: int | None = None, convergence_block_size: int = 16,
                  **kwargs):
         if mode not in MODES:
             raise SBDError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
@@ -135,6 +140,11 @@ class SBDTrainer(Trainer):
             self.add_callback(_ProgressBar(mode))
         if metrics_file is not None:
             self.add_callback(_MetricsLog(metrics_file))
+        if convergence_examples:
+            every = convergence_steps or args.save_steps
+            if not isinstance(every, int) or every < 1:
+                raise SBDError(f"convergence_steps must be an integer >= 1, got {every!r}")
+            self.add_callback(_ConvergenceLog(self, list(convergence_examples), every, convergence_block_size))
 
     # -- randomness and batches ------------------------------------------------------------------
     def block_size_for_step(self, step: int) -> int:
@@ -292,6 +302,24 @@ class _StopCallback(TrainerCallback):
         return control
 
 
+class _ConvergenceLog(TrainerCallback):
+    """Every `every` steps and at the end: the held-out masked vs NTP accuracy, logged like the losses."""
+
+    def __init__(self, trainer: SBDTrainer, examples: list, every: int, block_size: int):
+        self.trainer, self.examples, self.every, self.block_size = trainer, examples, every, block_size
+
+    def on_step_end(self, args, state, control, **kwargs):
+        step = state.global_step
+        if step % self.every and step < state.max_steps and not control.should_training_stop:
+            return control
+        from ..evaluation.convergence import convergence_check
+
+        h = convergence_check(self.trainer.model, self.examples, block_size=self.block_size).headline()
+        self.trainer.log({"masked_acc": round(h["masked_acc"], 2), "ntp_acc": round(h["ntp_acc"], 2),
+                          "full_mask_acc": round(h["full_mask_acc"], 2), "gap": round(h["gap"], 2)})
+        return control
+
+
 class _ProgressBar(TrainerCallback):
     """tqdm bar with loss, NTP loss, MATP loss and tokens/s (main process only)."""
 
@@ -311,6 +339,9 @@ class _ProgressBar(TrainerCallback):
             self.bar.update(state.global_step - self.bar.n)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.bar is not None and logs and "gap" in logs:
+            self.bar.write(f"step {state.global_step}: held-out masked accuracy {logs['masked_acc']:.1f}% vs NTP "
+                           f"{logs['ntp_acc']:.1f}% (gap {logs['gap']:+.1f} points)")
         if self.bar is not None and logs and "loss" in logs:
             post = {"loss": f"{logs['loss']:.3f}", "ntp": f"{logs.get('ntp_loss', math.nan):.3f}"}
             if "matp_loss" in logs:
