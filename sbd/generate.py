@@ -211,14 +211,15 @@ def sbd_decode(rows: Rows, ids: torch.Tensor, out: Outputs, eos: torch.Tensor, m
             logits = rows.forward(inputs, n_commit=n_commit, n_logits=k)
             n_commit = 0
             logits[..., mask_id] = torch.finfo(logits.dtype).min  # never reveal the mask token itself
-            h = error_proxy(logits, proxy)
+            h = error_proxy(logits, "entropy")  # the EB bound is on entropies whatever the proxy
             _check_finite(h)
+            order = None if proxy == "entropy" else error_proxy(logits, proxy)
             picked = pick_tokens(logits, temperature, gen)
             # Positions after the first EOS that the block holds (revealed) or predicts (masked) are not
             # revealed: if that EOS stands they are discarded, so a forward spent on them is wasted.
             ends = torch.isin(torch.where(masked, picked, block), eos)
             todo = masked & live[:, None] & (ends.cumsum(-1) - ends.long() == 0)
-            reveal = reveal_from_proxy(h, todo, gamma)
+            reveal = reveal_from_proxy(h, todo, gamma, order)
             block = torch.where(reveal, picked, block)
             masked &= ~reveal
             nfe += todo.any(-1)  # rows whose block is already revealed ride along without counting

@@ -1,7 +1,8 @@
-"""The EB-Sampler rule of SPEC §4 and the choice of the revealed tokens.
+"""The EB-Sampler rule and the choice of the revealed tokens (docs/method.md §4).
 
-`eb_reveal` sorts the still-masked positions of each row by an error proxy (lower = more certain)
-and reveals the largest prefix whose proxy sum, leaving out its largest member, is at most γ.
+`eb_reveal` sorts the still-masked positions of each row by an error proxy (lower = more certain) and
+reveals the largest prefix U of that order with  Σ_U H − max_U H ≤ γ,  where H is always the entropy of
+each position's distribution: the proxy orders, the entropy bounds.
 """
 
 from __future__ import annotations
@@ -32,29 +33,43 @@ def error_proxy(logits: torch.Tensor, proxy: str = "entropy") -> torch.Tensor:
     raise ValueError(f"unknown proxy {proxy!r}; choose one of {', '.join(PROXIES)}")
 
 
-def reveal_from_proxy(h: torch.Tensor, masked: torch.Tensor, gamma: float) -> torch.Tensor:
-    """The EB rule on precomputed proxies `h` (B, k) for the `masked` (B, k) positions.
+def reveal_from_proxy(h: torch.Tensor, masked: torch.Tensor, gamma: float,
+                      order: torch.Tensor | None = None) -> torch.Tensor:
+    """The EB rule on precomputed entropies `h` (B, k) for the `masked` (B, k) positions.
 
-    Ties are broken by lower position first (stable sort). Rows with no mask reveal nothing; rows
-    with any mask reveal at least one position.
+    order: the error proxy (B, k) that sets the order (None: the entropies themselves). Ties are broken
+    by lower position first (stable sort). Rows with no mask reveal nothing; rows with any mask reveal
+    at least one position.
     """
-    h = h.double().clamp_min(0.0).masked_fill(~masked, math.inf)  # unmasked positions sort last
-    h_sorted, order = torch.sort(h, dim=-1, stable=True)
-    before = h_sorted.cumsum(-1).roll(1, dims=-1)  # exclusive prefix sums, exact (no subtraction)
-    before[..., 0] = 0.0
-    keep = torch.isfinite(h_sorted) & (before <= gamma)
-    return torch.zeros_like(masked).scatter(-1, order, keep)
+    h = h.double().clamp_min(0.0)
+    if order is None:  # sorted by entropy, the largest member is the last: Σ − max = exclusive prefix sum
+        h = h.masked_fill(~masked, math.inf)  # unmasked positions sort last
+        h_sorted, idx = torch.sort(h, dim=-1, stable=True)
+        excess = h_sorted.cumsum(-1).roll(1, dims=-1)  # exact (no subtraction)
+        excess[..., 0] = 0.0
+        keep = torch.isfinite(h_sorted) & (excess <= gamma)
+    else:
+        key = order.double().masked_fill(~masked, math.inf)
+        key_sorted, idx = torch.sort(key, dim=-1, stable=True)
+        h_sorted = h.gather(-1, idx).masked_fill(~torch.isfinite(key_sorted), 0.0)
+        excess = h_sorted.cumsum(-1) - h_sorted.cummax(-1).values  # non-decreasing along the order
+        excess[..., 0] = 0.0
+        keep = torch.isfinite(key_sorted) & (excess <= gamma)
+    return torch.zeros_like(masked).scatter(-1, idx, keep)
 
 
 def eb_reveal(
     logits: torch.Tensor, masked: torch.Tensor, gamma: float, proxy: str = "entropy"
 ) -> torch.Tensor:
-    """Positions to reveal this step (SPEC §4): `logits` (B, k, V), `masked` (B, k) bool → (B, k) bool."""
+    """Positions to reveal this step: `logits` (B, k, V), `masked` (B, k) bool → (B, k) bool.
+
+    The positions are ordered by `proxy` and the revealed prefix is bounded by their entropies."""
     if logits.dim() != 3 or masked.shape != logits.shape[:2]:
         raise ValueError("eb_reveal expects logits (B, k, V) and masked (B, k)")
     if math.isnan(gamma) or gamma < 0:
         raise ValueError(f"gamma must be a number >= 0, got {gamma}")
-    return reveal_from_proxy(error_proxy(logits, proxy), masked, gamma)
+    order = None if proxy == "entropy" else error_proxy(logits, proxy)
+    return reveal_from_proxy(error_proxy(logits, "entropy"), masked, gamma, order)
 
 
 def pick_tokens(

@@ -22,14 +22,17 @@ def logits_with_entropies(entropies, vocab=64):
     return torch.stack(rows).float()[None]
 
 
-def brute_force(h, masked, gamma):
-    """Try every prefix size of the masked positions sorted by (proxy, position)."""
+def brute_force(h, masked, gamma, order=None):
+    """Try every prefix of the masked positions sorted by (proxy, position); keep the largest whose
+    entropies sum, minus their largest, to at most γ."""
+    order = h if order is None else order
     out = torch.zeros_like(masked)
     for b in range(h.shape[0]):
-        cand = sorted((float(h[b, i]), i) for i in range(h.shape[1]) if masked[b, i])
+        cand = sorted((float(order[b, i]), i) for i in range(h.shape[1]) if masked[b, i])
         best = 0
         for s in range(1, len(cand) + 1):
-            if sum(max(v, 0.0) for v, _ in cand[: s - 1]) <= gamma:
+            ents = sorted(max(float(h[b, i]), 0.0) for _, i in cand[:s])
+            if sum(ents[:-1]) <= gamma:  # Σ − max, summed without a subtraction
                 best = s
         for _, i in cand[:best]:
             out[b, i] = True
@@ -86,6 +89,30 @@ def test_vectorised_rule_matches_brute_force_on_random_cases():
         assert torch.equal(got, brute_force(h, masked, gamma)), (h, masked, gamma)
         has_mask = masked.any(-1)
         assert torch.equal(got.any(-1), has_mask)  # at least one where any mask is left, none elsewhere
+
+
+@pytest.mark.parametrize("proxy", ["entropy", "confidence", "margin"])
+def test_every_proxy_orders_and_the_entropy_bounds(proxy):
+    """eb_reveal on real logits against the brute force: order by the proxy, bound by entropies."""
+    g = torch.Generator().manual_seed(1)
+    for trial in range(200):
+        b, k = 1 + trial % 3, 1 + trial % 16
+        logits = torch.randn(b, k, 12, generator=g) * (1 + 4 * torch.rand(b, k, 1, generator=g))
+        masked = torch.rand(b, k, generator=g) < 0.7
+        gamma = [0.0, 0.1, 0.35, 0.6, 1.0, 3.0, math.inf][trial % 7]
+        got = eb_reveal(logits, masked, gamma, proxy=proxy)
+        expected = brute_force(error_proxy(logits, "entropy"), masked, gamma, error_proxy(logits, proxy))
+        assert torch.equal(got, expected), (trial, proxy)
+
+
+def test_confidence_order_with_entropy_bound_differs_from_summing_the_proxy():
+    """Two positions with confidence proxies 0.02 and 0.3 but entropies 0.5 and 0.9: at γ = 0.35 the
+    proxy sum (0.02) would admit both; the entropy bound (0.5) admits only the first."""
+    logits = logits_with_entropies([0.5, 0.9])
+    order = error_proxy(logits, "confidence")
+    assert order[0, 0] < order[0, 1]
+    reveal = eb_reveal(logits, torch.ones(1, 2, dtype=torch.bool), gamma=0.35, proxy="confidence")
+    assert reveal.tolist() == [[True, False]]
 
 
 def test_proxies_are_the_documented_quantities():
