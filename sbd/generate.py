@@ -1,4 +1,4 @@
-"""NTP and SBD decoding over one exact KV cache (SPEC §3).
+"""NTP and SBD decoding over one exact KV cache (docs/method.md §3).
 
 `generate` validates, encodes and dispatches; `ntp_decode` and `sbd_decode` are the two loops. Both
 go through `Rows.forward`, the only place that calls the model: it builds positions and the 4-D mask,
@@ -191,7 +191,7 @@ def ntp_decode(rows: Rows, ids: torch.Tensor, out: Outputs, eos: torch.Tensor, m
 def sbd_decode(rows: Rows, ids: torch.Tensor, out: Outputs, eos: torch.Tensor, max_new: int,
                block_size: int, gamma: float, proxy: str, mask_id: int, temperature: float, gen) -> None:
     """Set Block Decoding: each block starts as masks and is revealed by the EB rule; a finished
-    block is committed in the first forward of the next one (SPEC §3)."""
+    block is committed in the first forward of the next one (docs/method.md §3)."""
     rows.forward(ids, n_commit=ids.shape[1], n_logits=1)
     b = ids.shape[0]
     made = torch.empty((b, max_new), dtype=torch.long, device=ids.device)

@@ -1,4 +1,4 @@
-"""Attention masks of SPEC §2.4 (training) and §3 (decoding), as plain bool tensors (True = may attend)."""
+"""Attention masks of training and decoding (docs/method.md §2, §3), as plain bool tensors (True = may attend)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def causal_mask(pad: torch.Tensor, length: int) -> torch.Tensor:
 
 
 def training_mask(seq_len: int, block_size: int, device=None) -> torch.Tensor:
-    """Hybrid mask over the doubled sequence [x | x̂] of SPEC §2.4, shape (2L, 2L).
+    """Hybrid mask over the doubled sequence [x | x̂] (docs/method.md §2), shape (2L, 2L).
 
     clean→clean causal; noisy→noisy within the same block of `block_size`; noisy→clean only for
     clean positions in strictly earlier blocks. Clean positions never see noisy ones.

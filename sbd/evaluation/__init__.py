@@ -1,4 +1,4 @@
-"""Evaluation of issue 4, step 4: accuracy and cost of NTP and SBD decoding on held-out task problems,
+"""Evaluation: accuracy and cost of NTP and SBD decoding on held-out task problems,
 written as JSON, a Table-1-style Markdown table and an accuracy-vs-speedup plot."""
 
 from .harness import evaluate

@@ -1,5 +1,5 @@
-"""The evaluation of issue 4, step 4: decode the same seeded held-out problems with NTP and with SBD at
-several γ, score every answer with reasoning-gym, and measure the cost with the definitions of SPEC §6.
+"""Decode the same seeded held-out problems with NTP and with SBD at several γ, score every answer with
+reasoning-gym, and measure the cost with the definitions of docs/method.md §5.
 
 Speedups are always relative to NTP decoding of the same model on the same prompts, in the same process,
 after a warm-up; wall times are medians over `repeats`, with the decoding configs interleaved inside

@@ -34,7 +34,7 @@ def machine_metadata() -> dict:
 
 
 def model_metadata(model) -> dict:
-    """dtype and device of the weights: SPEC §6 asks for both next to any timing."""
+    """dtype and device of the weights: every timing is reported with both (docs/method.md §5)."""
     weight = next(model.parameters())
     return {"dtype": str(weight.dtype).replace("torch.", ""), "device": str(weight.device)}
 

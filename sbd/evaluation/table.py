@@ -1,6 +1,6 @@
 """The Markdown tables: a summary laid out like the paper's Table 1 (rows = model / decoding / γ; per
 task accuracy and NFE speedup; then the all-task wall-clock speedup and tokens/s) and a per-task detail
-table with every metric of SPEC §6. With one task the "all tasks" rows are left out (they repeat it)."""
+table with every metric of docs/method.md §5. With one task the "all tasks" rows are left out (they repeat it)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Seeded reasoning tasks from `reasoning-gym`, rendered as prompt -> short worked solution.
 
-The experiment of issue 4 trains and evaluates on these: a completion is a scratchpad that ends in a line
+`sbd experiment` trains and evaluates on these: a completion is a scratchpad that ends in a line
 `Answer: X`, long enough (>= 24 tokens) that 16-token SBD blocks have room to work, and accuracy is
 always reasoning-gym's own `score_answer` on the extracted X.
 """

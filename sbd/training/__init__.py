@@ -1,4 +1,4 @@
-"""SBD fine-tuning (SPEC §2): collator, loss, data sources, atomic checkpoints and the Trainer.
+"""SBD fine-tuning (docs/method.md §2): collator, loss, data sources, atomic checkpoints and the Trainer.
 
 `SBDTrainer` is imported lazily: `transformers.Trainer` takes seconds to import, and the collator and
 the loss do not need it.

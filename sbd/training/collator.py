@@ -1,4 +1,4 @@
-"""The SBD data collator (SPEC §2): doubled input [x | x̂], shared positions, 4-D bool mask, labels.
+"""The SBD data collator (docs/method.md §2): doubled input [x | x̂], shared positions, 4-D bool mask, labels.
 
 Collation is split in two so that a trainer can draw the randomness itself: `pad` is deterministic
 (right padding, lengths, prompt lengths) and `corrupt` turns a padded batch into the model input for a
@@ -218,7 +218,7 @@ class SBDDataCollator:
 
     @staticmethod
     def _mask(n: int, m: int, k: int, origin, clean_real, noisy_real) -> torch.Tensor:
-        """(B,T,T) bool, T = n + m: SPEC §2.4 with noisy blocks starting at `origin`, no attention
+        """(B,T,T) bool, T = n + m: the training mask (docs/method.md §2) with noisy blocks starting at `origin`, no attention
         to or from padding, and every padding row allowed to see itself (no empty softmax row)."""
         dev = clean_real.device
         t, b = n + m, clean_real.shape[0]

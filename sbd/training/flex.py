@@ -1,4 +1,4 @@
-"""The training mask as a flex_attention BlockMask, for CUDA (SPEC §2.4 without an O(T²) dense mask).
+"""The training mask as a flex_attention BlockMask, for CUDA (docs/method.md §2, without an O(T²) dense mask).
 
 The dense bool mask costs B·T² bytes and makes SDPA use its slow masked kernel; flex_attention skips
 whole tiles that the block structure rules out. The rule is the one `SBDDataCollator.corrupt` builds

@@ -1,4 +1,4 @@
-"""The SBD loss (SPEC §2.5): one cross-entropy mean pooled over the valid targets of both halves.
+"""The SBD loss (docs/method.md §2): one cross-entropy mean pooled over the valid targets of both halves.
 
 NTP and MATP are weighted 1:1 by pooling, with no 1/η factor. The sums and counts of each half are
 returned too, so that the two losses can be logged separately and averaged over many batches exactly.
