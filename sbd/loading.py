@@ -13,6 +13,7 @@ from .probe import probe_model
 
 RESERVED = re.compile(r"reserved|unused", re.IGNORECASE)
 MASK_TOKEN = "<|mask|>"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 def _check_model_dir(path: Path) -> None:
@@ -28,6 +29,9 @@ def _check_model_dir(path: Path) -> None:
         json.loads((path / "config.json").read_text())
     except (OSError, ValueError) as e:
         raise SBDError(f"{str(path)!r}: config.json is not valid JSON ({e})") from None
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise SBDError(f"{str(path)!r} has no tokenizer files: expected tokenizer.json, or tokenizer_config.json "
+                       "with its vocabulary (tokenizer.model, or vocab.json and merges.txt)")
 
 
 def load(path, *, device: str | None = None, dtype: torch.dtype | None = None,
@@ -52,6 +56,7 @@ def load(path, *, device: str | None = None, dtype: torch.dtype | None = None,
     if dtype is None:
         dtype = torch.float32 if device == "cpu" else "auto"
     verbosity = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
@@ -67,7 +72,8 @@ def load(path, *, device: str | None = None, dtype: torch.dtype | None = None,
         raise SBDError(f"cannot load a causal LM from {str(path)!r}: {first}") from None
     finally:
         hf_logging.set_verbosity(verbosity)
-        hf_logging.enable_progress_bar()
+        if bars:  # leave Hugging Face's bars as the caller had them (the CLI turns them off)
+            hf_logging.enable_progress_bar()
     model.to(device).eval()
     if probe:
         probe_model(model)

@@ -126,12 +126,30 @@ def _prepare_out(args) -> str | None:
     return str(latest)
 
 
+def _is_main_process() -> bool:
+    """Rank 0 of a torchrun / accelerate launch, or a plain single-process run."""
+    import os
+
+    return os.environ.get("RANK", "0") == "0"
+
+
 def cmd_train(args) -> None:
     _check(args)
-    resume_from = _prepare_out(args)
     for flag, spec in (("--data", args.data), ("--eval-data", args.eval_data)):
         if spec is not None and not spec.startswith("reasoning-gym:") and not Path(spec).is_file():
             raise SBDError(f"{flag} file {spec!r} does not exist")
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise SBDError(f"--out {args.out!r} exists and is not a folder")
+    if not _is_main_process():
+        return _train(args)
+    from .training.run_lock import run_lock
+
+    with run_lock(args.out):  # a second run on the same --out is refused; a crash releases the lock
+        _train(args)
+
+
+def _train(args) -> None:
+    resume_from = _prepare_out(args)
 
     import torch
 

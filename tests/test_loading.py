@@ -38,8 +38,20 @@ def test_load_refuses_what_is_not_a_model(tmp_path, saved):
     with pytest.raises(SBDError, match="not valid JSON"):
         sbd.load(tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "no-such-architecture"}))
+    with pytest.raises(SBDError, match="no tokenizer files"):
+        sbd.load(tmp_path)
+    (tmp_path / "tokenizer.json").write_text("{}")
     with pytest.raises(SBDError, match="cannot load"):
         sbd.load(tmp_path)
+
+
+def test_missing_tokenizer_files_are_named_in_one_line(tmp_path, saved):
+    for f in saved.iterdir():
+        if not f.name.startswith(("tokenizer", "special_tokens", "vocab", "merges")):
+            (tmp_path / f.name).write_bytes(f.read_bytes())
+    with pytest.raises(SBDError, match="no tokenizer files: expected tokenizer.json") as err:
+        sbd.load(tmp_path)
+    assert "\n" not in str(err.value)
 
 
 def test_load_reads_safetensors_only(tmp_path, saved):

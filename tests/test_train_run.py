@@ -39,6 +39,7 @@ def _train(workdir, out, mode, extra=()):
 def test_sbd_run_lowers_both_losses_and_ntp_run_leaves_matp_high(workdir, capsys):
     held = ["--eval-data", str(workdir / "toy.jsonl"), "--eval-n", "8", "--eval-steps", "50", "--eval-block-size", "4"]
     logs = _train(workdir, workdir / "sbd", "sbd", held)
+    assert "Writing model shards" not in capsys.readouterr().err  # --no-progress silences Hugging Face's bars too
     checks = [r for r in logs if "gap" in r]  # the convergence check, logged at steps 50, 100 and 150
     assert [r["step"] for r in checks] == [50, 100, 150]
     assert all(r["gap"] == pytest.approx(r["masked_acc"] - r["ntp_acc"], abs=0.02) for r in checks)
@@ -80,6 +81,29 @@ def test_truncation_is_counted(workdir):
     assert max(len(ds[i]["input_ids"]) for i in range(3)) == 8
 
 
+def test_a_second_run_on_the_same_folder_is_refused_and_a_dead_run_leaves_no_lock(workdir, tmp_path, capsys):
+    import subprocess
+    import sys
+
+    from sbd.training.run_lock import run_lock
+
+    out = tmp_path / "run"
+    argv = ["train", "--model", str(workdir / "model"), "--data", str(workdir / "toy.jsonl"), "--out", str(out),
+            "--no-progress", "--steps", "1"]
+    with run_lock(out):  # a run in progress on this folder
+        assert "another `sbd train`" in _error(capsys, argv)
+        assert "another `sbd train`" in _error(capsys, argv + ["--resume"])
+    # a run killed while holding the lock: the lock dies with its process
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from sbd.training.run_lock import run_lock\n"
+                               "with run_lock(sys.argv[1]):\n    print('locked', flush=True); time.sleep(60)", str(out)],
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "locked"
+    assert "another `sbd train`" in _error(capsys, argv)
+    holder.kill()
+    holder.wait()
+    assert main(argv) == 0 and (out / "model.safetensors").exists()
+
+
 def _error(capsys, argv):
     code = main(argv)
     err = capsys.readouterr().err.strip().splitlines()
@@ -107,6 +131,8 @@ def test_bad_inputs_give_one_clear_error(workdir, tmp_path, capsys):
     assert "neither 'text' nor 'prompt'" in run(data=_write(tmp_path / "f.jsonl", ['{"question": "q"}']))
     assert "must be strings" in run(data=_write(tmp_path / "g.jsonl", ['{"prompt": "q"}']))
     assert "not valid JSON" in run(data=_write(tmp_path / "h.jsonl", ['{"text": ']))
+    (tmp_path / "latin1.jsonl").write_bytes('{"text": "ok"}\n{"text": "caf\u00e9"}\n'.encode("latin-1"))
+    assert "latin1.jsonl:2: not UTF-8" in run(data=str(tmp_path / "latin1.jsonl"))
     assert "at least 2" in run(data=_write(tmp_path / "s.jsonl", ['{"text": ""}']))
     long_prompt = json.dumps({"prompt": " ".join(["1 2 3"] * 10), "completion": "4"})
     assert "no room for the completion" in run("--max-len", "8", data=_write(tmp_path / "p.jsonl", [long_prompt]))

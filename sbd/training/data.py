@@ -55,8 +55,13 @@ def _jsonl_records(path: Path) -> list[dict]:
     if not path.is_file():
         raise SBDError(f"data path {str(path)!r} is not a file (expected a .jsonl file)")
     records = []
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
+    with path.open("rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise SBDError(f"{path}:{n}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
+                               "save the file as UTF-8") from None
             if not line.strip():
                 continue
             try:
