@@ -16,8 +16,8 @@ from types import SimpleNamespace
 import torch
 
 import sbd
-from sbd import tiny
-from sbd.cache import crop, slab_cache
+from sbd.models import tiny
+from sbd.decoding.cache import crop, slab_cache
 from sbd.masks import inference_mask
 
 

@@ -2,7 +2,7 @@
 
 Every arm fine-tunes the same start model (default: the shipped NTP-trained demo model) on the same
 seeded task data, in the same order, for the same number of steps; the NTP arm is the fair baseline.
-Each arm is then scored by `sbd.evaluation.convergence` on held-out problems (teacher-forced masked vs
+Each arm is then scored by `sbd.training.convergence` on held-out problems (teacher-forced masked vs
 NTP top-1 accuracy). Arms already trained are skipped, so an interrupted study continues.
 
     python benchmarks/recipe_study.py --out runs/study --steps 300 [--arms ntp,eos,drop,...]
@@ -43,11 +43,12 @@ def main() -> None:
 
     import torch
 
-    from sbd.cli import build_parser
-    from sbd.demo import DEMO_NAMES, demo_path
+    from sbd.cli.args import config_from_args
+    from sbd.cli.main import build_parser
+    from sbd.models.loading import DEMO_NAMES, demo_path
     from sbd.tasks import render_jsonl
-    from sbd.train_cli import cmd_train
     from sbd.training.checkpoints import latest_checkpoint
+    from sbd.training.run import TrainConfig, train
 
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -72,7 +73,7 @@ def main() -> None:
         if latest_checkpoint(dest) is not None:
             argv.append("--resume")
         t0 = time.perf_counter()
-        cmd_train(build_parser().parse_args(argv))
+        train(config_from_args(TrainConfig, build_parser().parse_args(argv)))
         record[arm] = {"argv": argv[1:], "seconds": round(time.perf_counter() - t0, 1)}
         record_path.write_text(json.dumps(record, indent=1))
         for ckpt in dest.glob("checkpoint-*"):
@@ -85,8 +86,8 @@ def check(out: Path, record: dict, arms: list[str], per_task: int) -> None:
     """The convergence check of every trained arm (and the start model), then one Markdown table."""
     import torch
 
-    from sbd.evaluation.convergence import convergence_check, heldout_examples
-    from sbd.loading import load
+    from sbd.training.convergence import convergence_check, heldout_examples
+    from sbd.models.loading import load
 
     tasks = ["chain_sum", "number_sorting", "word_sequence_reversal"]
     for arm in ["start", *arms]:

@@ -43,7 +43,7 @@ def _peak_rss() -> int:
 def run(args, configs, warmup: int, steps: int) -> dict:
     """Interleaved timing: one step of each configuration in turn, so that a slow spell of a shared
     machine hits every configuration alike; medians per configuration."""
-    from sbd import tiny
+    from sbd.models import tiny
     from sbd.training.collator import SBDDataCollator
     from sbd.training.attention import training_logits
     from sbd.training.loss import sbd_loss

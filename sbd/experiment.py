@@ -136,7 +136,7 @@ class Experiment:
         return [r["prompt"] + r["completion"] for r in rows]
 
     def make_model(self) -> None:
-        from . import tiny
+        from .models import tiny
 
         s = self.scale
         texts = self._texts()[: 30 * len(s.tasks) * 100]  # a sample is plenty for a 1k-token BPE
@@ -146,25 +146,17 @@ class Experiment:
         self.record["parameters"] = sum(p.numel() for p in model.parameters())
 
     def _train(self, model: Path, out: Path, mode: str, steps: int, lr: float) -> None:
-        from .cli import build_parser
-        from .train_cli import cmd_train
         from .training.checkpoints import latest_checkpoint
+        from .training.run import TrainConfig, train
 
         s = self.scale
-        argv = ["train", "--model", str(model), "--data", str(self.path("data") / "train.jsonl"),
-                "--out", str(out), "--mode", mode, "--steps", str(steps), "--batch-size", str(s.batch_size),
-                "--lr", str(lr), "--max-len", str(s.max_len), "--seed", str(s.seed),
-                "--save-steps", str(max(1, steps // 4)), "--logging-steps", str(max(1, min(50, steps // 10))),
-                "--last-block", s.last_block, "--suffix-share", str(s.suffix_share),
-                "--eval-data", str(self.path("data") / "heldout.jsonl"), "--eval-n", str(10 ** 6),
-                "--eval-block-size", str(s.block_size), "--eval-steps", str(max(1, steps // 8))]
-        if mode == "sbd" and s.align_to_completion:
-            argv.append("--align-to-completion")
-        if latest_checkpoint(out) is not None:
-            argv.append("--resume")
-        if not self.progress:
-            argv.append("--no-progress")
-        cmd_train(build_parser().parse_args(argv))
+        train(TrainConfig(
+            model=str(model), data=str(self.path("data") / "train.jsonl"), out=str(out), mode=mode, steps=steps,
+            batch_size=s.batch_size, lr=lr, max_len=s.max_len, seed=s.seed, save_steps=max(1, steps // 4),
+            logging_steps=max(1, min(50, steps // 10)), last_block=s.last_block, suffix_share=s.suffix_share,
+            eval_data=str(self.path("data") / "heldout.jsonl"), eval_n=10 ** 6, eval_block_size=s.block_size,
+            eval_steps=max(1, steps // 8), align_to_completion=mode == "sbd" and s.align_to_completion,
+            resume=latest_checkpoint(out) is not None, progress=self.progress))
         for ckpt in out.glob("checkpoint-*"):  # the final model is in `out`; keep the folder small
             shutil.rmtree(ckpt)
 
@@ -182,7 +174,7 @@ class Experiment:
         """fp16 copies of both fine-tunes: what is evaluated is exactly what ships."""
         import torch
 
-        from .loading import load
+        from .models.loading import load
 
         for mode in ("ntp", "sbd"):
             model, tok = load(self.path(mode), dtype=torch.float32)
@@ -198,13 +190,13 @@ class Experiment:
 
         from .evaluation import evaluate, write_report
         from .evaluation.report import machine_metadata, model_metadata
-        from .loading import load
+        from .models.loading import load
 
         s = self.scale
         common = dict(tasks=list(s.tasks), n=s.eval_per_task, block_size=s.block_size,
                       max_new_tokens=s.max_new_tokens, batch_size=s.eval_batch_size, repeats=s.repeats,
                       seed=s.seed, progress=self.progress)
-        from .evaluation.convergence import convergence_check, heldout_examples
+        from .training.convergence import convergence_check, heldout_examples
 
         rows, checks = [], {}
         for mode, label, gammas in (("ntp", "NTP-trained", []), ("sbd", "SBD-trained", list(s.gammas))):
@@ -241,36 +233,3 @@ class Experiment:
         results = self.path("eval") / "results.json"
         if results.exists():
             shutil.copy(results, dest / "results.json")
-
-
-def add_experiment_parser(sub) -> None:
-    p = sub.add_parser("experiment", help="reproduce the paper's accuracy / forward-pass experiment at small scale",
-                       description="Render seeded reasoning tasks, build and NTP-pretrain a small Llama from "
-                                   "scratch, fine-tune two copies (NTP baseline and SBD), and evaluate accuracy, "
-                                   "forward passes and wall-clock time. Phases already complete in --out are "
-                                   "skipped, so an interrupted run continues where it stopped.")
-    p.add_argument("scale", choices=sorted(SCALES), help="tiny: the recorded run (~1 hour on 2 cores); "
-                                                         "toy: the same pipeline in seconds (for CI)")
-    p.add_argument("--out", required=True, help="run folder (data, models, results)")
-    p.add_argument("--ship", action="store_true",
-                   help="copy the released models into the installed package as the `demo` model")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-
-
-def cmd_experiment(args) -> None:
-    import torch
-
-    if args.threads is not None:
-        if args.threads < 1:
-            raise SBDError(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
-    exp = Experiment(args.scale, args.out, progress=not args.no_progress)
-    record = exp.run()
-    print(f"phase wall times (s): {record['phase_seconds']}")
-    print(f"results: {exp.path('eval')}")
-    if args.ship:
-        from .demo import DEMO_DIR
-
-        exp.ship(DEMO_DIR)
-        print(f"shipped the released models to {DEMO_DIR}")

@@ -8,7 +8,7 @@ import functools
 import pytest
 import torch
 
-from sbd import tiny
+from sbd.models import tiny
 
 torch.set_num_threads(2)
 ARCHS = tiny.ARCHS

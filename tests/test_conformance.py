@@ -15,7 +15,7 @@ from transformers import DynamicCache
 
 import sbd
 from sbd.masks import causal_mask
-from sbd.probe import probe_model
+from sbd.models.probe import probe_model
 
 from conftest import random_prompts
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sbd.errors import SBDError
-from sbd.evaluation.convergence import ENTROPY_BINS, convergence_check
+from sbd.training.convergence import ENTROPY_BINS, convergence_check
 from sbd.masks import inference_mask
 from sbd.sampler import error_proxy
 

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 import sbd
-from sbd import tiny
+from sbd.models import tiny
 from sbd.errors import SBDError
 from sbd.evaluation import evaluate, harness, write_report
-from sbd.eval_cli import add_eval_parser, cmd_eval, parse_gammas
-from sbd.generate import GenerationResult
+from sbd.cli.eval import add_eval_parser, cmd_eval, parse_gammas
+from sbd.decoding import GenerationResult
 from sbd.tasks import make_split, score
 
 pytestmark = pytest.mark.filterwarnings("ignore:max_new_tokens=.*shorter than the longest reference")

@@ -153,7 +153,7 @@ def test_bad_input_is_refused_before_any_model_call(llama, tokenizer, kwargs, me
 
 
 def test_sbd_without_a_mask_token_says_how_to_add_one(tokenizer):
-    from sbd import tiny
+    from sbd.models import tiny
 
     model = tiny.random_model(tiny.tiny_config("llama", vocab_size=len(tokenizer)))
     with pytest.raises(SBDError, match="add_mask_token"):

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 import sbd
-from sbd import SBDError, tiny
-from sbd.probe import probe_model
+from sbd import SBDError
+from sbd.models import tiny
+from sbd.models.probe import probe_model
 
 
 @pytest.fixture(scope="module")

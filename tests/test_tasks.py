@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from sbd import tiny
+from sbd.models import tiny
 from sbd.errors import SBDError
 from sbd.tasks import TASKS, check_disjoint, extract_answer, get_task, make_split, render_jsonl, score
 

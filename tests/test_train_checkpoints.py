@@ -11,7 +11,7 @@ import torch
 from transformers import TrainerCallback
 
 import sbd
-from sbd import tiny
+from sbd.models import tiny
 from sbd.errors import SBDError
 from sbd.training import checkpoints as ckpt
 from sbd.training.collator import SBDDataCollator

@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sbd import tiny
-from sbd.cache import slab_cache
+from sbd.models import tiny
+from sbd.decoding.cache import slab_cache
 from sbd.masks import inference_mask, training_mask
 from sbd.training.collator import SBDDataCollator
 

@@ -13,7 +13,7 @@ import textwrap
 import pytest
 import torch
 
-from sbd import tiny
+from sbd.models import tiny
 
 TEXTS = [" ".join(str(i) for i in range(s, s + 6 + s % 4)) for s in range(32)]
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AttentionInterface
 
-from sbd import tiny
+from sbd.models import tiny
 from sbd.training import attention
 from sbd.training.collator import SBDDataCollator
 from sbd.training.loss import sbd_loss

@@ -8,11 +8,27 @@ import pytest
 import torch
 
 import sbd
-from sbd import tiny
+from sbd.models import tiny
 from sbd.cli import main
 from sbd.training.collator import SBDDataCollator
 from sbd.training.data import load_records, tokenize_records
-from sbd.training.evaluate import evaluate_losses
+from sbd.training.loss import sbd_loss
+
+@torch.no_grad()
+def evaluate_losses(model, collator, examples, block_size=4, seed=0, batch_size=16) -> dict:
+    """Held-out NTP and MATP losses on fixed batches (the same masks for every model compared)."""
+    model.eval()
+    g = torch.Generator().manual_seed(seed)
+    sums = torch.zeros(4, dtype=torch.float64)
+    for start in range(0, len(examples), batch_size):
+        clean = collator.pad([examples[i] for i in range(start, min(start + batch_size, len(examples)))])
+        eta, u = collator.draw_noise(clean["input_ids"].shape[0], collator.noisy_length(clean), g)
+        batch = collator.corrupt(clean, block_size, eta, u)
+        labels, num_clean = batch.pop("labels"), batch.pop("num_clean")
+        parts = sbd_loss(model(**batch).logits, labels, num_clean)
+        sums += torch.tensor([parts.ntp_sum, parts.ntp_count, parts.matp_sum, parts.matp_count], dtype=torch.float64)
+    return {"ntp_loss": float(sums[0] / sums[1].clamp_min(1)), "matp_loss": float(sums[2] / sums[3].clamp_min(1))}
+
 
 COUNTS = [" ".join(str(i) for i in range(s, s + 9)) for s in range(40)]
 

@@ -14,7 +14,7 @@ import warnings
 from dataclasses import dataclass
 
 from ..errors import SBDError
-from ..generate import default_eos_ids, generate
+from ..decoding.generate import default_eos_ids, generate
 from ..tasks import get_task, make_split, score
 
 DEFAULT_MAX_NEW_TOKENS = 128

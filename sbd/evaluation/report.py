@@ -23,7 +23,7 @@ def machine_metadata() -> dict:
     import torch
     import transformers
 
-    from .. import __version__
+    from .._version import __version__
 
     return {
         "platform": platform.platform(), "processor": platform.processor() or platform.machine(),

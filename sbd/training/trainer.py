@@ -92,7 +92,7 @@ class SBDTrainer(Trainer):
     metrics_file: a jsonl file that receives every log line (main process only).
     convergence_examples: held-out `{"input_ids", "prompt_length"}` examples; every `convergence_steps`
     steps (default: the save interval) and at the end, the teacher-forced masked vs NTP accuracy on them
-    (`sbd.evaluation.convergence`) is logged as masked_acc, ntp_acc and gap, so a user sees when SBD
+    (`sbd.training.convergence`) is logged as masked_acc, ntp_acc and gap, so a user sees when SBD
     fine-tuning has converged.
     """
 
@@ -312,7 +312,7 @@ class _ConvergenceLog(TrainerCallback):
         step = state.global_step
         if step % self.every and step < state.max_steps and not control.should_training_stop:
             return control
-        from ..evaluation.convergence import convergence_check
+        from .convergence import convergence_check
 
         h = convergence_check(self.trainer.model, self.examples, block_size=self.block_size).headline()
         self.trainer.log({"masked_acc": round(h["masked_acc"], 2), "ntp_acc": round(h["ntp_acc"], 2),

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..cache import select_rows, slab_cache
+from ..decoding.cache import select_rows, slab_cache
 from ..errors import SBDError
 from ..masks import causal_mask
 from ..sampler import error_proxy
@@ -219,7 +219,7 @@ def convergence_check(model, examples, block_size: int = 16, eos_token_ids=None,
 def heldout_examples(tokenizer, tasks, n: int, seed: int = 0, max_len: int = 1024) -> list[dict]:
     """`n` held-out problems per task (the test side of `sbd.tasks`), tokenized as training tokenizes them."""
     from ..tasks import make_split
-    from ..training.data import tokenize_records
+    from .data import tokenize_records
 
     records = [{"prompt": ex["prompt"], "completion": ex["completion"]}
                for task in tasks for ex in make_split(task, "test", n, seed)]

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from .cache import slab_cache
-from .errors import SBDError
-from .masks import inference_mask
+from ..decoding.cache import slab_cache
+from ..errors import SBDError
+from ..masks import inference_mask
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, tol: float) -> bool:

@@ -1,58 +1,23 @@
-"""NTP and SBD decoding over one exact KV cache (docs/method.md §3).
+"""The two decoding loops, NTP and SBD, over one exact KV cache (docs/method.md §3).
 
-`generate` validates, encodes and dispatches; `ntp_decode` and `sbd_decode` are the two loops. Both
-go through `Rows.forward`, the only place that calls the model: it builds positions and the 4-D mask,
-appends the forward's committed tokens to the cache and drops its scratch (block) entries.
+`LiveRows.forward` is the only place that calls the model: it builds positions and the 4-D mask,
+appends the forward's committed tokens to the cache and drops its scratch (block) entries. The loops
+decide what to feed and what to keep; `FinishedRows` collects each row as it stops.
 """
 
 from __future__ import annotations
 
 import inspect
 import math
-import time
-from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
+from ..errors import SBDError
+from ..masks import inference_mask
+from ..sampler import error_proxy, pick_tokens, reveal_from_proxy
 from .cache import crop, select_rows, slab_cache
-from .errors import SBDError
-from .masks import inference_mask
-from .sampler import PROXIES, error_proxy, pick_tokens, reveal_from_proxy
-
-METHODS = ("ntp", "sbd")
-
-
-@dataclass
-class GenerationResult:
-    """What a `generate` call produced, row by row, and what it cost.
-
-    token_ids: generated tokens up to and including the first EOS (or the stop string's last token).
-    nfe: model forwards per row, prefill excluded. steps: for every generated token, the forward
-    (1-based, per row) that revealed it. seconds: wall time of the whole call after tokenisation,
-    prefill included.
-    """
-
-    texts: list[str]
-    token_ids: list[list[int]]
-    nfe: list[int]
-    steps: list[list[int]]
-    seconds: float
-    method: str
-    prompt_lengths: list[int] = field(default_factory=list)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(len(t) for t in self.token_ids)
-
-    @property
-    def tokens_per_forward(self) -> float:
-        total = sum(self.nfe)
-        return self.num_tokens / total if total else 0.0
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.num_tokens / self.seconds if self.seconds > 0 else 0.0
 
 
 @dataclass
@@ -68,7 +33,7 @@ class ForwardRecord:
     rows: torch.Tensor
 
 
-class Rows:
+class LiveRows:
     """The rows still being decoded: their cache, left padding and original indices."""
 
     def __init__(self, model, pad: torch.Tensor, capacity: int, observer=None):
@@ -115,7 +80,7 @@ class Rows:
         return [t[idx] for t in tensors]
 
 
-class Outputs:
+class FinishedRows:
     """Finished rows, filled in as each row stops."""
 
     def __init__(self, n: int, tokenizer, stop: Sequence[str]):
@@ -154,7 +119,7 @@ def _check_finite(values: torch.Tensor) -> None:
         raise SBDError("the model returned NaN or infinite logits; decoding stopped (check the weights and dtype)")
 
 
-def ntp_decode(rows: Rows, ids: torch.Tensor, out: Outputs, eos: torch.Tensor, max_new: int,
+def ntp_decode(rows: LiveRows, ids: torch.Tensor, out: FinishedRows, eos: torch.Tensor, max_new: int,
                temperature: float, gen) -> None:
     """Plain next-token decoding: prefill all but the last prompt token, then one token per forward."""
     if ids.shape[1] > 1:
@@ -188,7 +153,7 @@ def ntp_decode(rows: Rows, ids: torch.Tensor, out: Outputs, eos: torch.Tensor, m
         last = tok[:, None]
 
 
-def sbd_decode(rows: Rows, ids: torch.Tensor, out: Outputs, eos: torch.Tensor, max_new: int,
+def sbd_decode(rows: LiveRows, ids: torch.Tensor, out: FinishedRows, eos: torch.Tensor, max_new: int,
                block_size: int, gamma: float, proxy: str, mask_id: int, temperature: float, gen) -> None:
     """Set Block Decoding: each block starts as masks and is revealed by the EB rule; a finished
     block is committed in the first forward of the next one (docs/method.md §3)."""
@@ -261,139 +226,3 @@ def sbd_decode(rows: Rows, ids: torch.Tensor, out: Outputs, eos: torch.Tensor, m
                 return
             made, steps, nfe, block = rows.keep(live, made, steps, nfe, block)
         pending = block
-
-
-def default_eos_ids(model, tokenizer) -> list[int]:
-    """EOS ids from the tokenizer and the model's generation config (which may list several)."""
-    ids: set[int] = set()
-    for source in (getattr(tokenizer, "eos_token_id", None),
-                   getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
-        if isinstance(source, int):
-            ids.add(source)
-        elif isinstance(source, (list, tuple)):
-            ids.update(int(x) for x in source)
-    return sorted(ids)
-
-
-def context_limit(model) -> int | None:
-    """Longest sequence the model's positions and attention support (sliding windows count)."""
-    cfg = model.config.get_text_config(decoder=True)
-    limits = [getattr(cfg, "max_position_embeddings", None), getattr(cfg, "sliding_window", None)]
-    limits = [int(x) for x in limits if isinstance(x, int) and x > 0]
-    return min(limits) if limits else None
-
-
-def encode_prompts(tokenizer, prompts) -> list[list[int]]:
-    """Strings through the tokenizer, token-id lists as they are; empty input is an error."""
-    if isinstance(prompts, (str, torch.Tensor)) or (prompts and isinstance(prompts[0], int)):
-        prompts = [prompts]
-    if prompts is None or len(prompts) == 0:
-        raise SBDError("no prompts given: pass a non-empty list of strings or token-id lists")
-    encoded = []
-    for i, p in enumerate(prompts):
-        if isinstance(p, str):
-            if tokenizer is None:
-                raise SBDError("string prompts need a tokenizer; pass token ids or the model's tokenizer")
-            ids = tokenizer(p).input_ids
-        elif isinstance(p, torch.Tensor):
-            ids = p.flatten().tolist()
-        else:
-            ids = list(p)
-        if not all(isinstance(t, int) for t in ids):
-            raise SBDError(f"prompt {i} is neither a string nor a list of token ids")
-        if len(ids) == 0:
-            raise SBDError(f"prompt {i} is empty")
-        encoded.append(ids)
-    return encoded
-
-
-def _validate(model, method, block_size, gamma, proxy, max_new_tokens, temperature, stop):
-    if method not in METHODS:
-        raise SBDError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    if not isinstance(block_size, int) or block_size < 1:
-        raise SBDError(f"block_size must be an integer >= 1, got {block_size!r}")
-    if not isinstance(gamma, (int, float)) or math.isnan(gamma) or gamma < 0:
-        raise SBDError(f"gamma must be a number >= 0 (inf allowed), got {gamma!r}")
-    if proxy not in PROXIES:
-        raise SBDError(f"unknown proxy {proxy!r}; choose one of {', '.join(PROXIES)}")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise SBDError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-    if not isinstance(temperature, (int, float)) or math.isnan(temperature) or temperature < 0:
-        raise SBDError(f"temperature must be a number >= 0, got {temperature!r}")
-    if stop is not None and (isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop)):
-        raise SBDError("stop must be a list of non-empty strings")
-    if method == "sbd" and getattr(model.config, "sbd_mask_token_id", None) is None:
-        raise SBDError(
-            "this model has no SBD mask token (config.sbd_mask_token_id); add one with "
-            "sbd.add_mask_token(model, tokenizer) and fine-tune it with `sbd train`, or use method='ntp'"
-        )
-
-
-def generate(
-    model,
-    tokenizer,
-    prompts,
-    *,
-    method: str = "sbd",
-    block_size: int = 16,
-    gamma: float = 0.35,
-    proxy: str = "entropy",
-    max_new_tokens: int = 256,
-    temperature: float = 0.0,
-    seed: int | None = None,
-    stop: Sequence[str] | None = None,
-    eos_token_ids: Sequence[int] | None = None,
-    observer: Callable[[ForwardRecord], None] | None = None,
-) -> GenerationResult:
-    """Decode `prompts` with NTP or SBD. Every row is decoded as if it were alone and stops on its own.
-
-    eos_token_ids: defaults to the tokenizer's and generation config's EOS; `[]` decodes to the budget.
-    observer: called after every model forward with a `ForwardRecord` (tests use it to recompute).
-    """
-    _validate(model, method, block_size, gamma, proxy, max_new_tokens, temperature, stop)
-    prompt_ids = encode_prompts(tokenizer, prompts)
-    limit = context_limit(model)
-    longest = max(len(p) for p in prompt_ids)
-    if limit is not None and longest + max_new_tokens > limit:
-        raise SBDError(
-            f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's context of {limit}"
-        )
-    vocab = model.get_input_embeddings().num_embeddings
-    if any(t < 0 or t >= vocab for p in prompt_ids for t in p):
-        raise SBDError(f"a prompt token id lies outside the model's vocabulary of {vocab}")
-    device = model.get_input_embeddings().weight.device
-    if eos_token_ids is None:
-        eos_token_ids = default_eos_ids(model, tokenizer)
-    eos = torch.tensor(list(eos_token_ids), dtype=torch.long, device=device)
-    gen = None
-    if temperature > 0:
-        gen = torch.Generator(device=device)
-        gen.manual_seed(seed if seed is not None else torch.seed())
-
-    start = time.perf_counter()
-    lengths = torch.tensor([len(p) for p in prompt_ids], device=device)
-    ids = torch.zeros((len(prompt_ids), longest), dtype=torch.long, device=device)
-    for i, p in enumerate(prompt_ids):
-        ids[i, longest - len(p):] = torch.tensor(p, dtype=torch.long)
-    pad = longest - lengths
-    out = Outputs(len(prompt_ids), tokenizer, stop or [])
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            if method == "ntp":
-                rows = Rows(model, pad, longest + max_new_tokens, observer)
-                ntp_decode(rows, ids, out, eos, max_new_tokens, temperature, gen)
-            else:
-                k = min(block_size, max_new_tokens)
-                rows = Rows(model, pad, longest + max_new_tokens + k, observer)
-                sbd_decode(rows, ids, out, eos, max_new_tokens, k, float(gamma), proxy,
-                           int(model.config.sbd_mask_token_id), temperature, gen)
-    finally:
-        model.train(was_training)
-    seconds = time.perf_counter() - start
-    return GenerationResult(
-        texts=out.texts(), token_ids=out.ids, nfe=out.nfe, steps=out.steps, seconds=seconds,
-        method=method, prompt_lengths=[len(p) for p in prompt_ids],
-    )
-

@@ -10,8 +10,8 @@ import shlex
 import time
 from pathlib import Path
 
-from .argtypes import positive_int as _positive
-from .errors import SBDError
+from ..errors import SBDError
+from .args import positive_int as _positive
 
 NO_GAMMA = ("none", "")  # --gamma none: NTP decoding only (a model without a mask token)
 
@@ -36,7 +36,7 @@ def parse_gammas(text: str) -> list[float]:
 
 def parse_tasks(text: str) -> list[str]:
     """`chain_sum,number_sorting` -> the names, each checked against the task registry."""
-    from .tasks import get_task
+    from ..tasks import get_task
 
     names = [t.strip() for t in text.split(",") if t.strip()]
     if not names:
@@ -59,8 +59,8 @@ def _argtype(parse):
 
 def add_eval_parser(sub) -> argparse.ArgumentParser:
     """Register `eval` on a subparsers object; returns its parser."""
-    from .evaluation.harness import DEFAULT_MAX_NEW_TOKENS
-    from .tasks import TASKS
+    from ..evaluation.harness import DEFAULT_MAX_NEW_TOKENS
+    from ..tasks import TASKS
 
     p = sub.add_parser("eval", help="accuracy, NFE and speed of NTP vs SBD decoding on held-out task problems",
                        description="Decode seeded held-out problems of reasoning-gym tasks with NTP and with SBD at "
@@ -115,10 +115,10 @@ def command_line(args) -> str:
 
 def cmd_eval(args) -> dict:
     """Run the evaluation, write the report, print the summary table; returns the written paths."""
-    from .evaluation import evaluate, write_report
-    from .evaluation.report import model_metadata
-    from .evaluation.table import summary_table
-    from .loading import load
+    from ..evaluation import evaluate, write_report
+    from ..evaluation.report import model_metadata
+    from ..evaluation.table import summary_table
+    from ..models.loading import load
 
     if args.no_ntp and not args.gamma:
         raise SBDError("nothing to evaluate: --no-ntp with no γ (give --gamma values or drop --no-ntp)")

@@ -1,6 +1,6 @@
 """`sbd convergence`: has SBD fine-tuning converged? Masked vs next-token accuracy, teacher-forced.
 
-A thin layer over `sbd.evaluation.convergence`: loads the model and held-out data, prints the Markdown
+A thin layer over `sbd.training.convergence`: loads the model and held-out data, prints the Markdown
 report and, with --out, writes convergence.json and convergence.md.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .argtypes import positive_int
-from .errors import SBDError
+from ..errors import SBDError
+from .args import positive_int
 
 DEFAULT_TASKS = "chain_sum,number_sorting,word_sequence_reversal"
 
@@ -39,7 +39,7 @@ def add_convergence_parser(sub) -> None:
 
 
 def cmd_convergence(args) -> None:
-    from .eval_cli import parse_tasks
+    from .eval import parse_tasks
 
     tasks = None if args.data else parse_tasks(args.task)
     if args.data and not args.data.startswith("reasoning-gym:") and not Path(args.data).is_file():
@@ -47,9 +47,9 @@ def cmd_convergence(args) -> None:
 
     import torch
 
-    from .evaluation.convergence import convergence_check, heldout_examples
-    from .loading import load
-    from .training.data import load_records, tokenize_records
+    from ..training.convergence import convergence_check, heldout_examples
+    from ..models.loading import load
+    from ..training.data import load_records, tokenize_records
 
     model, tokenizer = load(args.model, dtype=torch.float32)
     if getattr(model.config, "sbd_mask_token_id", None) is None:

@@ -5,14 +5,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .argtypes import gamma_value as _gamma
-from .argtypes import positive_int as _positive
-from .errors import SBDError
-from .convergence_cli import add_convergence_parser, cmd_convergence
+from ..errors import SBDError
+from .args import gamma_value as _gamma
+from .args import positive_int as _positive
+from .convergence import add_convergence_parser, cmd_convergence
 from .demo import add_demo_parser, cmd_demo
-from .eval_cli import add_eval_parser, cmd_eval
+from .eval import add_eval_parser, cmd_eval
+from .show import print_table
 from .experiment import add_experiment_parser, cmd_experiment
-from .train_cli import add_train_parser, cmd_train
+from .train import add_train_parser, cmd_train
 
 
 def _add_init(sub) -> None:
@@ -77,19 +78,10 @@ def _stats(result) -> dict:
     }
 
 
-def _print_table(columns: dict[str, dict]) -> None:
-    names = list(columns)
-    keys = list(next(iter(columns.values())))
-    width = max(len(k) for k in keys) + 2
-    print("".ljust(width) + "".join(n.rjust(14) for n in names))
-    for k in keys:
-        print(k.ljust(width) + "".join(str(columns[n][k]).rjust(14) for n in names))
-
-
 def cmd_init(args) -> None:
     from pathlib import Path
 
-    from . import tiny
+    from ..models import tiny
 
     texts = tiny.SAMPLE_TEXT
     if args.corpus:
@@ -109,8 +101,8 @@ def cmd_init(args) -> None:
 
 
 def cmd_generate(args) -> None:
-    from .generate import generate
-    from .loading import load
+    from ..decoding import generate
+    from ..models.loading import load
 
     model, tokenizer = load(args.model, device=args.device)
     methods = ["ntp", "sbd"] if args.compare else [args.method]
@@ -126,7 +118,9 @@ def cmd_generate(args) -> None:
             print(f"--- {method} ({r.nfe[i]} forwards, {len(r.token_ids[i])} tokens)")
             print(r.texts[i])
     print()
-    _print_table({m.upper(): _stats(r) for m, r in results.items()})
+    stats = {m.upper(): _stats(r) for m, r in results.items()}
+    keys = list(next(iter(stats.values())))
+    print_table(["", *stats], [[k, *(s[k] for s in stats.values())] for k in keys])
     if args.compare:
         ntp, sbd = results["ntp"], results["sbd"]
         print(f"NFE speedup {sum(ntp.nfe) / max(1, sum(sbd.nfe)):.2f}x, "

@@ -1,4 +1,4 @@
-"""Loading a local Hugging Face model for SBD, and giving it a mask token."""
+"""Loading a local Hugging Face model for SBD (or a shipped demo model), and giving it a mask token."""
 
 from __future__ import annotations
 
@@ -8,12 +8,23 @@ from pathlib import Path
 
 import torch
 
-from .errors import SBDError
+from ..errors import SBDError
 from .probe import probe_model
 
+DEMO_DIR = Path(__file__).resolve().parent.parent / "demo_model"
+DEMO_NAMES = {"demo": "sbd", "demo-ntp": "ntp"}  # the SBD-trained model and its NTP-trained baseline
 RESERVED = re.compile(r"reserved|unused", re.IGNORECASE)
 MASK_TOKEN = "<|mask|>"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def demo_path(name: str = "demo") -> Path:
+    """The folder of a shipped model: "demo" (SBD-trained) or "demo-ntp" (NTP-trained)."""
+    path = DEMO_DIR / DEMO_NAMES[name]
+    if not (path / "config.json").is_file():
+        raise SBDError(f"the {name!r} model is not shipped with this install (no {path}); "
+                       "produce it with `sbd experiment tiny --out DIR --ship`")
+    return path
 
 
 def _check_model_dir(path: Path) -> None:
@@ -46,9 +57,7 @@ def load(path, *, device: str | None = None, dtype: torch.dtype | None = None,
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    if str(path) in ("demo", "demo-ntp") and not Path(path).exists():
-        from .demo import demo_path
-
+    if str(path) in DEMO_NAMES and not Path(path).exists():
         path = demo_path(str(path))
     path = Path(path)
     _check_model_dir(path)

@@ -10,45 +10,23 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-from pathlib import Path
 
-from .argtypes import gamma_value, positive_int
-from .errors import SBDError
+from ..models.loading import demo_path
+from .args import gamma_value, positive_int
+from .show import by_forward, print_table
 
-DEMO_DIR = Path(__file__).parent / "demo_model"
-DEMO_NAMES = {"demo": "sbd", "demo-ntp": "ntp"}
-COLOURS = (196, 208, 226, 46, 51, 33, 129, 201)  # one per forward, cycling
-
-
-def demo_path(name: str = "demo") -> Path:
-    """The folder of a shipped model: "demo" (SBD-trained) or "demo-ntp" (NTP-trained)."""
-    path = DEMO_DIR / DEMO_NAMES[name]
-    if not (path / "config.json").is_file():
-        raise SBDError(f"the {name!r} model is not shipped with this install (no {path}); "
-                       "produce it with `sbd experiment tiny --out DIR --ship`")
-    return path
 
 
 def annotate(tokenizer, token_ids: list[int], steps: list[int], colour: bool) -> str:
     """The generated text with, for every token, the forward that revealed it: a colour per forward on a
     terminal, otherwise the forward number after each token, e.g. `47⟨1⟩`."""
-    out = []
-    for tok, step in zip(token_ids, steps):
-        piece = tokenizer.decode([tok], skip_special_tokens=True)
-        if not piece:
-            continue
-        if colour:
-            lines = piece.split("\n")
-            paint = f"\x1b[38;5;{COLOURS[(step - 1) % len(COLOURS)]}m"
-            out.append("\n".join(f"{paint}{part}\x1b[0m" if part else "" for part in lines))
-        else:
-            out.append(piece.replace("\n", f"⟨{step}⟩\n") if "\n" in piece else f"{piece}⟨{step}⟩")
-    return "".join(out)
+    pieces = [(tokenizer.decode([tok], skip_special_tokens=True), step) for tok, step in zip(token_ids, steps)]
+    return by_forward([(p, n) for p, n in pieces if p], colour)
 
 
 def _decode_all(model, tokenizer, prompts, **kw):
     """Each prompt alone (batch 1: the latency setting), after one warm-up call."""
-    from .generate import generate
+    from ..decoding import generate
 
     generate(model, tokenizer, prompts[:1], **kw)
     return [generate(model, tokenizer, [p], **kw) for p in prompts]
@@ -56,8 +34,8 @@ def _decode_all(model, tokenizer, prompts, **kw):
 
 def run_demo(n: int = 8, gamma: float = 0.35, block_size: int = 16, seed: int = 0, max_new_tokens: int = 112,
              colour: bool | None = None, model_name: str = "demo") -> dict:
-    from .loading import load
-    from .tasks import make_split, score
+    from ..models.loading import load
+    from ..tasks import make_split, score
 
     model, tokenizer = load(model_name)
     meta = json.loads((demo_path(model_name) / "sbd_demo.json").read_text())
@@ -85,9 +63,7 @@ def run_demo(n: int = 8, gamma: float = 0.35, block_size: int = 16, seed: int = 
         ("NFE speedup", "1.00x", f"{ntp['nfe'] / sbd['nfe']:.2f}x"),
         ("wall-clock speedup", "1.00x", f"{ntp['seconds'] / sbd['seconds']:.2f}x"),
     ]
-    print(f"{'':22}{'NTP decoding':>14}{'SBD decoding':>14}")
-    for name, a, b in rows:
-        print(f"{name:22}{a:>14}{b:>14}")
+    print_table(["", "NTP decoding", "SBD decoding"], rows, colour)
     first = sbd["runs"][0]
     print("\nWorked example (SBD). Each token is marked with the forward pass that revealed it"
           + (" (one colour per forward):" if colour else " (⟨n⟩ = forward n):"))

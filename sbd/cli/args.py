@@ -1,0 +1,63 @@
+"""Command-line values: argparse types for single values, and options generated from a config dataclass
+(field name `a_b` → `--a-b`, help and choices from the field's metadata) so that a setting is declared,
+documented and validated in one place."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import typing
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def gamma_value(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if math.isnan(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (inf allowed), got {text!r}")
+    return value
+
+
+def add_config_options(parser: argparse.ArgumentParser, cls) -> None:
+    """One option per field of the dataclass `cls`; a bool field defaulting to True becomes `--no-NAME`."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        meta = dict(f.metadata)
+        kind = hints[f.name]
+        args = [a for a in typing.get_args(kind) if a is not type(None)]
+        kind = args[0] if typing.get_origin(kind) is typing.Union else kind
+        name = f.name.replace("_", "-")
+        helptext = meta.get("help", "")
+        if kind is bool:
+            if f.default:
+                parser.add_argument(f"--no-{name}", dest=f.name, action="store_false", help=f"do not {helptext}")
+            else:
+                parser.add_argument(f"--{name}", dest=f.name, action="store_true", help=helptext)
+            continue
+        kw = {"dest": f.name, "type": kind, "help": helptext}
+        if "choices" in meta:
+            kw["choices"] = list(meta["choices"])
+        if meta.get("required"):
+            kw["required"] = True
+        else:
+            kw["default"] = f.default
+            if f.default is not None and "(default" not in helptext:
+                kw["help"] = f"{helptext} (default: {f.default})"
+        parser.add_argument(f"--{name}", **kw)
+
+
+def config_from_args(cls, namespace: argparse.Namespace):
+    """The dataclass `cls` built from the parsed options (its own checks then run)."""
+    return cls(**{f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls)})

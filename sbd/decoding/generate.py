@@ -1,0 +1,188 @@
+"""`generate`: decode prompts with NTP or SBD (docs/method.md §3).
+
+Validates the arguments, encodes and left-pads the prompts, runs one of the two loops of
+`sbd.decoding.loops` and returns a `GenerationResult` with the tokens and what they cost.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from ..errors import SBDError
+from ..sampler import PROXIES
+from .loops import FinishedRows, ForwardRecord, LiveRows, ntp_decode, sbd_decode
+
+METHODS = ("ntp", "sbd")
+
+
+@dataclass
+class GenerationResult:
+    """What a `generate` call produced, row by row, and what it cost.
+
+    token_ids: generated tokens up to and including the first EOS (or the stop string's last token).
+    nfe: model forwards per row, prefill excluded. steps: for every generated token, the forward
+    (1-based, per row) that revealed it. seconds: wall time of the whole call after tokenisation,
+    prefill included.
+    """
+
+    texts: list[str]
+    token_ids: list[list[int]]
+    nfe: list[int]
+    steps: list[list[int]]
+    seconds: float
+    method: str
+    prompt_lengths: list[int] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(t) for t in self.token_ids)
+
+    @property
+    def tokens_per_forward(self) -> float:
+        total = sum(self.nfe)
+        return self.num_tokens / total if total else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.num_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def default_eos_ids(model, tokenizer) -> list[int]:
+    """EOS ids from the tokenizer and the model's generation config (which may list several)."""
+    ids: set[int] = set()
+    for source in (getattr(tokenizer, "eos_token_id", None),
+                   getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, (list, tuple)):
+            ids.update(int(x) for x in source)
+    return sorted(ids)
+
+
+def context_limit(model) -> int | None:
+    """Longest sequence the model's positions and attention support (sliding windows count)."""
+    cfg = model.config.get_text_config(decoder=True)
+    limits = [getattr(cfg, "max_position_embeddings", None), getattr(cfg, "sliding_window", None)]
+    limits = [int(x) for x in limits if isinstance(x, int) and x > 0]
+    return min(limits) if limits else None
+
+
+def encode_prompts(tokenizer, prompts) -> list[list[int]]:
+    """Strings through the tokenizer, token-id lists as they are; empty input is an error."""
+    if isinstance(prompts, (str, torch.Tensor)) or (prompts and isinstance(prompts[0], int)):
+        prompts = [prompts]
+    if prompts is None or len(prompts) == 0:
+        raise SBDError("no prompts given: pass a non-empty list of strings or token-id lists")
+    encoded = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            if tokenizer is None:
+                raise SBDError("string prompts need a tokenizer; pass token ids or the model's tokenizer")
+            ids = tokenizer(p).input_ids
+        elif isinstance(p, torch.Tensor):
+            ids = p.flatten().tolist()
+        else:
+            ids = list(p)
+        if not all(isinstance(t, int) for t in ids):
+            raise SBDError(f"prompt {i} is neither a string nor a list of token ids")
+        if len(ids) == 0:
+            raise SBDError(f"prompt {i} is empty")
+        encoded.append(ids)
+    return encoded
+
+
+def _validate(model, method, block_size, gamma, proxy, max_new_tokens, temperature, stop):
+    if method not in METHODS:
+        raise SBDError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    if not isinstance(block_size, int) or block_size < 1:
+        raise SBDError(f"block_size must be an integer >= 1, got {block_size!r}")
+    if not isinstance(gamma, (int, float)) or math.isnan(gamma) or gamma < 0:
+        raise SBDError(f"gamma must be a number >= 0 (inf allowed), got {gamma!r}")
+    if proxy not in PROXIES:
+        raise SBDError(f"unknown proxy {proxy!r}; choose one of {', '.join(PROXIES)}")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise SBDError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    if not isinstance(temperature, (int, float)) or math.isnan(temperature) or temperature < 0:
+        raise SBDError(f"temperature must be a number >= 0, got {temperature!r}")
+    if stop is not None and (isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop)):
+        raise SBDError("stop must be a list of non-empty strings")
+    if method == "sbd" and getattr(model.config, "sbd_mask_token_id", None) is None:
+        raise SBDError(
+            "this model has no SBD mask token (config.sbd_mask_token_id); add one with "
+            "sbd.add_mask_token(model, tokenizer) and fine-tune it with `sbd train`, or use method='ntp'"
+        )
+
+
+def generate(
+    model,
+    tokenizer,
+    prompts,
+    *,
+    method: str = "sbd",
+    block_size: int = 16,
+    gamma: float = 0.35,
+    proxy: str = "entropy",
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    seed: int | None = None,
+    stop: Sequence[str] | None = None,
+    eos_token_ids: Sequence[int] | None = None,
+    observer: Callable[[ForwardRecord], None] | None = None,
+) -> GenerationResult:
+    """Decode `prompts` with NTP or SBD. Every row is decoded as if it were alone and stops on its own.
+
+    eos_token_ids: defaults to the tokenizer's and generation config's EOS; `[]` decodes to the budget.
+    observer: called after every model forward with a `ForwardRecord` (tests use it to recompute).
+    """
+    _validate(model, method, block_size, gamma, proxy, max_new_tokens, temperature, stop)
+    prompt_ids = encode_prompts(tokenizer, prompts)
+    limit = context_limit(model)
+    longest = max(len(p) for p in prompt_ids)
+    if limit is not None and longest + max_new_tokens > limit:
+        raise SBDError(
+            f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's context of {limit}"
+        )
+    vocab = model.get_input_embeddings().num_embeddings
+    if any(t < 0 or t >= vocab for p in prompt_ids for t in p):
+        raise SBDError(f"a prompt token id lies outside the model's vocabulary of {vocab}")
+    device = model.get_input_embeddings().weight.device
+    if eos_token_ids is None:
+        eos_token_ids = default_eos_ids(model, tokenizer)
+    eos = torch.tensor(list(eos_token_ids), dtype=torch.long, device=device)
+    gen = None
+    if temperature > 0:
+        gen = torch.Generator(device=device)
+        gen.manual_seed(seed if seed is not None else torch.seed())
+
+    start = time.perf_counter()
+    lengths = torch.tensor([len(p) for p in prompt_ids], device=device)
+    ids = torch.zeros((len(prompt_ids), longest), dtype=torch.long, device=device)
+    for i, p in enumerate(prompt_ids):
+        ids[i, longest - len(p):] = torch.tensor(p, dtype=torch.long)
+    pad = longest - lengths
+    out = FinishedRows(len(prompt_ids), tokenizer, stop or [])
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            if method == "ntp":
+                rows = LiveRows(model, pad, longest + max_new_tokens, observer)
+                ntp_decode(rows, ids, out, eos, max_new_tokens, temperature, gen)
+            else:
+                k = min(block_size, max_new_tokens)
+                rows = LiveRows(model, pad, longest + max_new_tokens + k, observer)
+                sbd_decode(rows, ids, out, eos, max_new_tokens, k, float(gamma), proxy,
+                           int(model.config.sbd_mask_token_id), temperature, gen)
+    finally:
+        model.train(was_training)
+    seconds = time.perf_counter() - start
+    return GenerationResult(
+        texts=out.texts(), token_ids=out.ids, nfe=out.nfe, steps=out.steps, seconds=seconds,
+        method=method, prompt_lengths=[len(p) for p in prompt_ids],
+    )
+

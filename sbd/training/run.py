@@ -1,0 +1,233 @@
+"""One training run: `train(TrainConfig(...))` — what `sbd train` and `sbd experiment` both call.
+
+Loads the start model, gives it a mask token, tokenizes the data, builds the collator and the
+`SBDTrainer`, holds the output folder's lock, resumes when asked, and saves the final model. Runs
+unchanged under `torchrun` / `accelerate launch` (every process calls `train`; only rank 0 writes).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from ..errors import SBDError
+
+RUN_FILE = "sbd_train.json"
+METRICS_FILE = "metrics.jsonl"
+RG_PREFIX = "reasoning-gym:"
+
+
+def _opt(help_text: str, **extra) -> dict:
+    return {"help": help_text, **extra}
+
+
+@dataclass
+class TrainConfig:
+    """Every setting of a training run. Field names are the `sbd train` options (`_` → `-`).
+
+    `resume_keys` lists what a resumed run must share with the run it continues.
+    """
+
+    model: str = field(metadata=_opt("local model folder (safetensors) to start from", required=True))
+    data: str = field(metadata=_opt("FILE.jsonl with {prompt, completion} or {text} records, or "
+                                    "reasoning-gym:NAME?size=N&seed=S", required=True))
+    out: str = field(metadata=_opt("output folder: checkpoints, metrics.jsonl and the final model", required=True))
+    mode: str = field(default="sbd", metadata=_opt("sbd: the SBD recipe; ntp: plain next-token loss on the same "
+                                                   "data", choices=("sbd", "ntp")))
+    steps: int = field(default=1000, metadata=_opt("optimisation steps"))
+    batch_size: int = field(default=8, metadata=_opt("sequences per device per micro-batch"))
+    grad_accum: int = field(default=1, metadata=_opt("micro-batches per optimisation step"))
+    lr: float = field(default=3e-4, metadata=_opt("peak learning rate of AdamW"))
+    warmup_steps: Optional[int] = field(default=None, metadata=_opt(
+        "linear warmup before the cosine decay (default: 200, or steps/10 if that is smaller)"))
+    max_len: int = field(default=1024, metadata=_opt("longer sequences are truncated"))
+    block_size_min: int = field(default=2, metadata=_opt("smallest block size drawn"))
+    block_size_max: int = field(default=16, metadata=_opt("largest block size drawn"))
+    block_size: Optional[int] = field(default=None, metadata=_opt("use this block size at every step instead"))
+    mask_rate: Optional[float] = field(default=None, metadata=_opt("fixed masking rate instead of eta ~ U(0,1)"))
+    align_to_completion: bool = field(default=False, metadata=_opt(
+        "noisy copy holds only the completion, blocks start at its first token (prompt/completion data)"))
+    last_block: str = field(default="eos", metadata=_opt(
+        "eos: pad the block that holds a sequence's final EOS with EOS targets, so the block decoding stops in "
+        "is trained for every block size; drop: the paper's rule, masked targets only inside complete blocks",
+        choices=("eos", "drop")))
+    suffix_share: float = field(default=0.0, metadata=_opt(
+        "share of blocks masked as a suffix (first tokens visible, the rest masked) instead of independently at "
+        "rate eta"))
+    seed: int = field(default=0, metadata=_opt("seed of initialisation-free randomness: data order, masks, k"))
+    save_steps: int = field(default=500, metadata=_opt("checkpoint every N steps, and at the end"))
+    save_total_limit: int = field(default=2, metadata=_opt("checkpoints kept (0 keeps all)"))
+    logging_steps: int = field(default=10, metadata=_opt("log every N steps"))
+    attention: str = field(default="auto", metadata=_opt(
+        "auto: flex_attention on CUDA, SDPA with a dense mask elsewhere", choices=("auto", "sdpa", "flex")))
+    eval_data: Optional[str] = field(default=None, metadata=_opt(
+        "held-out data (same forms as --data): every --eval-steps, log the teacher-forced masked vs NTP accuracy "
+        "on it (see `sbd convergence`)"))
+    eval_n: int = field(default=64, metadata=_opt("records of --eval-data used"))
+    eval_steps: Optional[int] = field(default=None, metadata=_opt("steps between checks (default: --save-steps)"))
+    eval_block_size: int = field(default=16, metadata=_opt("block size of the check"))
+    resume: bool = field(default=False, metadata=_opt("continue from the latest checkpoint in --out"))
+    progress: bool = field(default=True, metadata=_opt("show a progress bar"))
+
+    resume_keys = ("data", "mode", "steps", "batch_size", "grad_accum", "lr", "warmup_steps", "max_len",
+                   "block_size_min", "block_size_max", "block_size", "mask_rate", "align_to_completion",
+                   "last_block", "suffix_share", "seed")
+
+    def __post_init__(self):
+        self.model, self.data, self.out = str(self.model), str(self.data), str(self.out)
+        if self.eval_data is not None:
+            self.eval_data = str(self.eval_data)
+        self.validate()
+
+    def validate(self) -> None:
+        """SBDError naming the option for any value a run cannot use (nothing is loaded yet)."""
+        def positive(name, value):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+                raise SBDError(f"--{name.replace('_', '-')} must be >= 1, got {value!r}")
+
+        for name in ("steps", "batch_size", "grad_accum", "save_steps", "logging_steps", "eval_n", "eval_steps",
+                     "eval_block_size", "block_size"):
+            positive(name, getattr(self, name))
+        if not isinstance(self.lr, (int, float)) or not math.isfinite(self.lr) or self.lr <= 0:
+            raise SBDError(f"--lr must be a positive number, got {self.lr}")
+        if self.warmup_steps is not None and self.warmup_steps < 0:
+            raise SBDError(f"--warmup-steps must be >= 0, got {self.warmup_steps}")
+        if self.max_len < 2:
+            raise SBDError(f"--max-len must be >= 2, got {self.max_len}")
+        if not 1 <= self.block_size_min <= self.block_size_max:
+            raise SBDError(f"need 1 <= --block-size-min <= --block-size-max, got {self.block_size_min} and "
+                           f"{self.block_size_max}")
+        if self.mask_rate is not None and not 0 < self.mask_rate <= 1:
+            raise SBDError(f"--mask-rate must lie in (0, 1], got {self.mask_rate}")
+        if not 0 <= self.suffix_share <= 1:
+            raise SBDError(f"--suffix-share must lie in [0, 1], got {self.suffix_share}")
+        if self.save_total_limit < 0:
+            raise SBDError(f"--save-total-limit must be >= 0, got {self.save_total_limit}")
+        for name, choices in (("mode", ("sbd", "ntp")), ("last_block", ("eos", "drop")),
+                              ("attention", ("auto", "sdpa", "flex"))):
+            if getattr(self, name) not in choices:
+                raise SBDError(f"--{name.replace('_', '-')} must be one of {', '.join(choices)}, "
+                               f"got {getattr(self, name)!r}")
+
+    @property
+    def warmup(self) -> int:
+        return self.warmup_steps if self.warmup_steps is not None else min(200, self.steps // 10)
+
+    def settings(self) -> dict:
+        """What `RUN_FILE` records: the settings a resume must match, and the start model."""
+        return {**{k: getattr(self, k) for k in self.resume_keys}, "model": self.model}
+
+
+def _is_main_process() -> bool:
+    """Rank 0 of a torchrun / accelerate launch, or a plain single-process run."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def _check_paths(config: TrainConfig) -> None:
+    for flag, spec in (("--data", config.data), ("--eval-data", config.eval_data)):
+        if spec is not None and not spec.startswith(RG_PREFIX) and not Path(spec).is_file():
+            raise SBDError(f"{flag} file {spec!r} does not exist")
+    if Path(config.out).exists() and not Path(config.out).is_dir():
+        raise SBDError(f"--out {config.out!r} exists and is not a folder")
+
+
+def _resume_point(config: TrainConfig) -> str | None:
+    """Checks --out against --resume; returns the checkpoint to resume from."""
+    from .checkpoints import latest_checkpoint
+
+    out = Path(config.out)
+    latest = latest_checkpoint(out)
+    if not config.resume:
+        if latest is not None:
+            raise SBDError(f"{config.out!r} already holds checkpoints; pass --resume to continue or choose another --out")
+        return None
+    if latest is None:
+        raise SBDError(f"--resume: no checkpoint in {config.out!r}")
+    saved = out / RUN_FILE
+    if saved.is_file():
+        before = json.loads(saved.read_text())
+        now = config.settings()
+        changed = [k for k in config.resume_keys if k in before and before[k] != now[k]]
+        if changed:
+            k = changed[0]
+            raise SBDError(f"--resume with a different --{k.replace('_', '-')} ({now[k]!r}, the run used "
+                           f"{before[k]!r}); resume with the same settings or use another --out")
+    return str(latest)
+
+
+def train(config: TrainConfig) -> Path:
+    """Run `config` to the end and return the folder of the trained model (`config.out`).
+
+    Ctrl-C saves a checkpoint and raises KeyboardInterrupt (resume with `resume=True`). User mistakes
+    raise SBDError before any model is loaded where possible.
+    """
+    _check_paths(config)
+    if not _is_main_process():
+        return _run(config)
+    from .run_lock import run_lock
+
+    with run_lock(config.out):  # a second run on the same folder is refused; a crash releases the lock
+        return _run(config)
+
+
+def _run(config: TrainConfig) -> Path:
+    resume_from = _resume_point(config)
+
+    import torch
+
+    from ..models.loading import add_mask_token, load
+    from .collator import SBDDataCollator
+    from .data import load_records, tokenize_records
+    from .trainer import SBDTrainer, sbd_training_args
+
+    records = load_records(config.data)
+    cuda = torch.cuda.is_available()
+    model, tokenizer = load(config.model, device="cuda" if cuda else "cpu", dtype=torch.float32)
+    if cuda and config.attention in ("auto", "flex"):
+        try:
+            model.set_attn_implementation("flex_attention")
+        except Exception as e:  # an architecture without flex support keeps SDPA
+            if config.attention == "flex":
+                raise SBDError(f"this model cannot use flex_attention: {str(e).splitlines()[0]}") from None
+    mask_id = add_mask_token(model, tokenizer)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    dataset = tokenize_records(records, tokenizer, config.max_len, mask_id)
+    heldout = None
+    if config.eval_data is not None:
+        held = tokenize_records(load_records(config.eval_data)[: config.eval_n], tokenizer, config.max_len, mask_id)
+        heldout = [held[i] for i in range(len(held))]
+    collator = SBDDataCollator(tokenizer, mask_token_id=mask_id, block_size=config.block_size,
+                               mask_rate=config.mask_rate, block_size_range=(config.block_size_min, config.block_size_max),
+                               align_to_completion=config.align_to_completion, last_block=config.last_block,
+                               suffix_share=config.suffix_share)
+    training_args = sbd_training_args(
+        config.out, steps=config.steps, batch_size=config.batch_size, lr=config.lr, warmup_steps=config.warmup,
+        grad_accum=config.grad_accum, seed=config.seed, save_steps=config.save_steps,
+        save_total_limit=config.save_total_limit or None, logging_steps=config.logging_steps)
+    out = Path(config.out)
+    trainer = SBDTrainer(model, training_args, data_collator=collator, train_dataset=dataset,
+                         processing_class=tokenizer, mode=config.mode, metrics_file=out / METRICS_FILE,
+                         show_progress=config.progress, convergence_examples=heldout,
+                         convergence_steps=config.eval_steps, convergence_block_size=config.eval_block_size)
+    main = trainer.is_world_process_zero()
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / RUN_FILE).write_text(json.dumps(config.settings(), indent=1))
+    trainer.train(resume_from_checkpoint=resume_from)
+    step = trainer.state.global_step
+    if trainer.interrupted:
+        if main:
+            print(f"stopped at step {step}: checkpoint saved in {out / f'checkpoint-{step}'}; "
+                  "continue with the same command and --resume")
+        raise KeyboardInterrupt
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    trainer.save_model(str(out))  # weights (safetensors), config with sbd_mask_token_id, tokenizer
+    if main:
+        print(f"trained {step} steps ({config.mode}); model saved to {out} — "
+              f"try: sbd generate --model {out} \"...\"")
+    return out
