@@ -93,7 +93,8 @@ def test_ship_then_demo(run, tmp_path, monkeypatch, capsys):
     assert model.config.sbd_mask_token_id is not None
     stats = demo_mod.run_demo(n=1, max_new_tokens=8, colour=False)
     out = capsys.readouterr().out
-    assert "NTP decoding" in out and "SBD decoding" in out and "⟨1⟩" in out
+    assert "SBD-trained, NTP" in out and "SBD-trained, SBD" in out and "⟨1⟩" in out
+    assert "NTP-trained, NTP" in out and stats["baseline"]["nfe"] == stats["baseline"]["tokens"]
     assert stats["ntp"]["nfe"] == stats["ntp"]["tokens"] and stats["sbd"]["nfe"] <= stats["sbd"]["tokens"]
 
 

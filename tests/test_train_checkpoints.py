@@ -58,11 +58,12 @@ def test_ctrl_c_then_resume_matches_uninterrupted_run(model_dir, tmp_path):
     assert len(reference) == 6 and len({v[0] for v in reference.values()}) == 6
 
     out = tmp_path / "cut"
+    before = signal.getsignal(signal.SIGINT)  # default_int_handler, or SIG_IGN under nohup / a background job
     first = _trainer(model_dir, out, callbacks=[_At(3, lambda: os.kill(os.getpid(), signal.SIGINT))])
     first.train()  # the SIGINT handler turns Ctrl-C into save + stop
     assert first.interrupted and first.state.global_step == 3
     assert ckpt.latest_checkpoint(out).name == "checkpoint-3"
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+    assert signal.getsignal(signal.SIGINT) is before  # handler restored
 
     second = _trainer(model_dir, out)
     second.train(resume_from_checkpoint=str(ckpt.latest_checkpoint(out)))

@@ -14,7 +14,8 @@ def add_experiment_parser(sub) -> None:
                                    "optional shared NTP pretraining), and evaluate accuracy, forward passes and "
                                    "wall-clock time, plus the convergence check of both. Phases already complete "
                                    "in --out are skipped, so an interrupted run continues where it stopped.")
-    p.add_argument("scale", choices=sorted(SCALES), help="tiny: the recorded run (~1 hour on 2 cores); "
+    p.add_argument("scale", choices=sorted(SCALES), help="tiny: the recorded run (~1 hour on 2 cores); tiny-h128: "
+                                                         "the same with a 2x narrower model (model-size study); "
                                                          "toy: the same pipeline in seconds (for CI)")
     p.add_argument("--out", required=True, help="run folder (data, models, results)")
     p.add_argument("--ship", action="store_true",

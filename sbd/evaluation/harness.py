@@ -116,6 +116,7 @@ def _row(task, label, cfg, examples, runs: list[Decoded], block_size, max_new_to
         "block_size": block_size if cfg.method == "sbd" else None, "n": len(examples),
         "accuracy": sum(scores) / len(scores), "exact_match": sum(s >= 1.0 for s in scores) / len(scores),
         "correct": sum(s >= 1.0 for s in scores),
+        "scores": scores,  # per problem, in order: paired comparisons between configurations
         "mean_nfe": nfe / len(examples), "nfe": nfe, "tokens": tokens, "mean_tokens": tokens / len(examples),
         "tokens_per_forward": tokens / nfe if nfe else 0.0,
         "seconds": seconds, "seconds_runs": [r.seconds for r in runs],
