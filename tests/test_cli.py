@@ -15,11 +15,12 @@ def model_dir(tmp_path_factory):
     return path
 
 
-def test_generate_compare_prints_both_methods(model_dir, capsys):
+def test_generate_compare_prints_every_method(model_dir, capsys):
     assert main(["generate", "--model", str(model_dir), "hello", "12 + 34", "--compare", "--max-new-tokens", "12",
                  "--block-size", "4", "--gamma", "0.5"]) == 0
     out = capsys.readouterr().out
-    assert out.count("--- ntp") == 2 and out.count("--- sbd") == 2
+    assert out.count("--- ntp (") == 2 and out.count("--- sbd (") == 2 and out.count("--- sbd-verify (") == 2
+    assert "same tokens as NTP: True" in out
     assert "NFE speedup" in out and "tokens/forward" in out and "tokens/s" in out
 
 

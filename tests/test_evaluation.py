@@ -121,6 +121,18 @@ def test_gamma_inf_takes_one_forward_per_block(loaded):
     assert row["nfe_speedup"] is None and row["wallclock_speedup"] is None  # no NTP run to compare with
 
 
+def test_verify_row_has_ntp_answers_and_its_acceptance(loaded):
+    model, tok = loaded
+    rows = evaluate(model, tok, ["number_sorting"], n=3, gammas=[], block_size=4, include_verify=True,
+                    max_new_tokens=10, progress=False, keep_outputs=True)
+    ntp, ver = _by(rows, "number_sorting", "ntp"), _by(rows, "number_sorting", "sbd-verify", None)
+    assert [o["text"] for o in ver["outputs"]] == [o["text"] for o in ntp["outputs"]]
+    assert ver["accuracy"] == ntp["accuracy"] and ver["block_size"] == 4 and ver["nfe"] <= ntp["nfe"]
+    # each forward yields the drafts it kept + 1 token (fewer in the last one, cut at EOS or the budget)
+    assert ver["tokens"] <= ver["nfe"] * (1 + ver["mean_accepted"]) + 1e-9
+    assert "mean_accepted" not in ntp
+
+
 def _fake_generate(task, wrong: set[int], tok, calls):
     """A stand-in for sbd.generate: the reference completion for items not in `wrong`, a wrong answer for
     the others; NFE = tokens (NTP) or 4 per block (SBD); seconds 1.0 per prompt (NTP), 0.25 (SBD), with

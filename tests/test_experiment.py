@@ -96,6 +96,7 @@ def test_ship_then_demo(run, tmp_path, monkeypatch, capsys):
     assert "SBD-trained, NTP" in out and "SBD-trained, SBD" in out and "⟨1⟩" in out
     assert "NTP-trained, NTP" in out and stats["baseline"]["nfe"] == stats["baseline"]["tokens"]
     assert stats["ntp"]["nfe"] == stats["ntp"]["tokens"] and stats["sbd"]["nfe"] <= stats["sbd"]["tokens"]
+    assert "SBD-trained, SBD-verify" in out and "the same answers as NTP decoding of the same model on 3 of 3" in out
 
 
 def test_missing_demo_model_is_one_clear_error(tmp_path, monkeypatch):

@@ -86,6 +86,9 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=_positive, default=1,
                    help="timed runs per decoding; times are the median (default: 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the held-out problems (default: 0)")
+    p.add_argument("--verify", action="store_true",
+                   help="also decode with SBD whose drafts are verified by the model's own next-token head "
+                        "(method sbd-verify, same --block-size): NTP's answers in fewer forwards")
     p.add_argument("--no-ntp", action="store_true",
                    help="skip NTP decoding (faster, but then no speedups can be computed)")
     p.add_argument("--label", default=None, help="model name in the table and plot (default: the folder name)")
@@ -120,8 +123,8 @@ def cmd_eval(args) -> dict:
     from ..evaluation.table import summary_table
     from ..models.loading import load
 
-    if args.no_ntp and not args.gamma:
-        raise SBDError("nothing to evaluate: --no-ntp with no γ (give --gamma values or drop --no-ntp)")
+    if args.no_ntp and not args.gamma and not args.verify:
+        raise SBDError("nothing to evaluate: --no-ntp with no γ (give --gamma values, --verify, or drop --no-ntp)")
     label = args.label or Path(str(args.model)).name or str(args.model)
     if args.threads:
         import torch
@@ -130,7 +133,8 @@ def cmd_eval(args) -> dict:
     model, tokenizer = load(args.model, device=args.device)
     start = time.perf_counter()
     rows = evaluate(model, tokenizer, args.task, args.n, args.gamma, block_size=args.block_size,
-                    include_ntp=not args.no_ntp, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                    include_ntp=not args.no_ntp, include_verify=args.verify, max_new_tokens=args.max_new_tokens,
+                    batch_size=args.batch_size,
                     repeats=args.repeats, seed=args.seed, label=label, progress=not args.no_progress,
                     keep_outputs=args.save_outputs)
     meta = {"label": label, "model": str(args.model), "command": command_line(args), **model_metadata(model),

@@ -11,8 +11,12 @@ FORWARD_COLOURS = ("red", "dark_orange", "yellow", "green", "cyan", "dodger_blue
 
 
 def console(colour: bool | None = None) -> Console:
-    """A console on stdout; colour None: only on a terminal."""
-    return Console(force_terminal=colour, no_color=colour is False, highlight=False, soft_wrap=True)
+    """A console on stdout; colour None: only on a terminal. Piped output is 120 columns wide (rich would
+    assume 80 and wrap the tables)."""
+    import sys
+
+    width = None if sys.stdout.isatty() else 120
+    return Console(force_terminal=colour, no_color=colour is False, highlight=False, soft_wrap=True, width=width)
 
 
 def print_table(header: list[str], rows: list[list], colour: bool | None = None) -> None:

@@ -16,8 +16,9 @@ import torch
 from ..errors import SBDError
 from ..sampler import PROXIES
 from .loops import FinishedRows, ForwardRecord, LiveRows, ntp_decode, sbd_decode
+from .verify import verify_decode
 
-METHODS = ("ntp", "sbd")
+METHODS = ("ntp", "sbd", "sbd-verify")
 
 
 @dataclass
@@ -37,6 +38,13 @@ class GenerationResult:
     seconds: float
     method: str
     prompt_lengths: list[int] = field(default_factory=list)
+    accepted: list[list[int]] = field(default_factory=list)  # sbd-verify: draft tokens kept at each forward
+
+    @property
+    def mean_accepted(self) -> float:
+        """sbd-verify: draft tokens accepted per forward, over all rows (0 for the other methods)."""
+        counts = [a for row in self.accepted for a in row]
+        return sum(counts) / len(counts) if counts else 0.0
 
     @property
     def num_tokens(self) -> int:
@@ -111,7 +119,7 @@ def _validate(model, method, block_size, gamma, proxy, max_new_tokens, temperatu
         raise SBDError(f"temperature must be a number >= 0, got {temperature!r}")
     if stop is not None and (isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop)):
         raise SBDError("stop must be a list of non-empty strings")
-    if method == "sbd" and getattr(model.config, "sbd_mask_token_id", None) is None:
+    if method in ("sbd", "sbd-verify") and getattr(model.config, "sbd_mask_token_id", None) is None:
         raise SBDError(
             "this model has no SBD mask token (config.sbd_mask_token_id); add one with "
             "sbd.add_mask_token(model, tokenizer) and fine-tune it with `sbd train`, or use method='ntp'"
@@ -134,7 +142,12 @@ def generate(
     eos_token_ids: Sequence[int] | None = None,
     observer: Callable[[ForwardRecord], None] | None = None,
 ) -> GenerationResult:
-    """Decode `prompts` with NTP or SBD. Every row is decoded as if it were alone and stops on its own.
+    """Decode `prompts` with NTP, SBD or SBD with verified drafts. Every row stops on its own.
+
+    method: "ntp" one token per forward; "sbd" blocks revealed by the EB rule (gamma, proxy), several
+    tokens per forward; "sbd-verify" whole-block drafts of the masked head checked by the model's own
+    next-token predictions: exactly NTP's output (greedy: the same tokens; sampling: the same
+    distribution) in fewer forwards when the drafts are good (gamma and proxy are not used).
 
     eos_token_ids: defaults to the tokenizer's and generation config's EOS; `[]` decodes to the budget.
     observer: called after every model forward with a `ForwardRecord` (tests use it to recompute).
@@ -170,9 +183,14 @@ def generate(
     model.eval()
     try:
         with torch.inference_mode():
+            accepted = []
             if method == "ntp":
                 rows = LiveRows(model, pad, longest + max_new_tokens, observer)
                 ntp_decode(rows, ids, out, eos, max_new_tokens, temperature, gen)
+            elif method == "sbd-verify":
+                rows = LiveRows(model, pad, longest + max_new_tokens + 2 * block_size, observer)
+                accepted = verify_decode(rows, ids, out, eos, max_new_tokens, block_size,
+                                         int(model.config.sbd_mask_token_id), temperature, gen)
             else:
                 k = min(block_size, max_new_tokens)
                 rows = LiveRows(model, pad, longest + max_new_tokens + k, observer)
@@ -183,6 +201,6 @@ def generate(
     seconds = time.perf_counter() - start
     return GenerationResult(
         texts=out.texts(), token_ids=out.ids, nfe=out.nfe, steps=out.steps, seconds=seconds,
-        method=method, prompt_lengths=[len(p) for p in prompt_ids],
+        method=method, prompt_lengths=[len(p) for p in prompt_ids], accepted=accepted,
     )
 

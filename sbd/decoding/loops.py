@@ -72,6 +72,12 @@ class LiveRows:
             self.observer(ForwardRecord(tokens, pos, mask, logits, n_commit, self.cache, self.rows))
         return logits
 
+    def drop(self, n: int) -> None:
+        """Take the last `n` committed tokens out of the cache again (a rejected draft)."""
+        crop(self.cache, n)
+        self.length -= n
+        self._key = None
+
     def keep(self, live: torch.Tensor, *tensors: torch.Tensor) -> list[torch.Tensor]:
         """Drop finished rows from the cache and from every per-row tensor given."""
         idx = live.nonzero().squeeze(1)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import statistics
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import SBDError
 from ..decoding.generate import default_eos_ids, generate
@@ -23,14 +23,15 @@ ALL_TASKS = "all"  # the task name of the aggregate rows
 
 @dataclass(frozen=True)
 class Config:
-    """One decoding setting: NTP, or SBD at one γ (block size is shared by every SBD config of a run)."""
+    """One decoding setting: NTP, SBD at one γ, or SBD with verified drafts (block size is shared by every
+    SBD config of a run)."""
 
     method: str
     gamma: float | None = None
 
     @property
     def name(self) -> str:
-        return "ntp" if self.method == "ntp" else f"sbd γ={self.gamma:g}"
+        return f"sbd γ={self.gamma:g}" if self.method == "sbd" else self.method
 
 
 @dataclass
@@ -41,6 +42,7 @@ class Decoded:
     token_ids: list[list[int]]
     nfe: list[int]
     seconds: float
+    accepted: list[int] = field(default_factory=list)  # sbd-verify: draft tokens kept per forward
 
 
 def _check_int(name: str, value, minimum: int = 1) -> None:
@@ -60,7 +62,8 @@ def _check_gammas(gammas) -> list[float]:
     return out
 
 
-def validate(model, tasks, n, gammas, block_size, include_ntp, max_new_tokens, batch_size, repeats) -> list[Config]:
+def validate(model, tasks, n, gammas, block_size, include_ntp, max_new_tokens, batch_size, repeats,
+             include_verify: bool = False) -> list[Config]:
     """Check every argument before any decoding; returns the configs to run, NTP first."""
     if isinstance(tasks, str) or not tasks:
         raise SBDError("tasks must be a non-empty list of task names")
@@ -73,9 +76,10 @@ def validate(model, tasks, n, gammas, block_size, include_ntp, max_new_tokens, b
         _check_int(name, value)
     gammas = _check_gammas(gammas)
     configs = ([Config("ntp")] if include_ntp else []) + [Config("sbd", g) for g in gammas]
+    configs += [Config("sbd-verify")] if include_verify else []
     if not configs:
         raise SBDError("nothing to evaluate: give at least one γ or include NTP decoding")
-    if gammas and getattr(model.config, "sbd_mask_token_id", None) is None:
+    if (gammas or include_verify) and getattr(model.config, "sbd_mask_token_id", None) is None:
         raise SBDError("this model has no SBD mask token (config.sbd_mask_token_id), so it cannot be decoded with "
                        "SBD: evaluate it with NTP only (no γ; `--gamma none` on the command line), or give it a "
                        "mask token with sbd.add_mask_token and fine-tune it with `sbd train --mode sbd`")
@@ -86,6 +90,8 @@ def _decode(model, tokenizer, prompts, cfg: Config, block_size, max_new_tokens, 
     """All prompts in batches of `batch_size`; the time is the sum of the generate calls' wall times."""
     out = Decoded([], [], [], 0.0)
     kw = {"block_size": block_size, "gamma": cfg.gamma} if cfg.method == "sbd" else {}
+    if cfg.method == "sbd-verify":
+        kw = {"block_size": block_size}
     for start in range(0, len(prompts), batch_size):
         r = generate(model, tokenizer, prompts[start:start + batch_size], method=cfg.method,
                      max_new_tokens=max_new_tokens, temperature=0.0, **kw)
@@ -93,6 +99,7 @@ def _decode(model, tokenizer, prompts, cfg: Config, block_size, max_new_tokens, 
         out.token_ids += r.token_ids
         out.nfe += r.nfe
         out.seconds += r.seconds
+        out.accepted += [a for row in r.accepted for a in row]
         bar.update(1)
     return out
 
@@ -113,7 +120,7 @@ def _row(task, label, cfg, examples, runs: list[Decoded], block_size, max_new_to
     seconds = statistics.median(r.seconds for r in runs)
     row = {
         "task": task, "label": label, "method": cfg.method, "gamma": cfg.gamma,
-        "block_size": block_size if cfg.method == "sbd" else None, "n": len(examples),
+        "block_size": block_size if cfg.method != "ntp" else None, "n": len(examples),
         "accuracy": sum(scores) / len(scores), "exact_match": sum(s >= 1.0 for s in scores) / len(scores),
         "correct": sum(s >= 1.0 for s in scores),
         "scores": scores,  # per problem, in order: paired comparisons between configurations
@@ -126,6 +133,8 @@ def _row(task, label, cfg, examples, runs: list[Decoded], block_size, max_new_to
         "reference_tokens": sum(reference) / len(reference),
         "max_new_tokens": max_new_tokens, "batch_size": batch_size, "repeats": repeats, "seed": seed,
     }
+    if first.accepted:
+        row["mean_accepted"] = sum(first.accepted) / len(first.accepted)
     if keep_outputs:
         row["outputs"] = [{"prompt": ex["prompt"], "reference": ex["completion"], "text": text, "score": s,
                            "nfe": f, "tokens": len(ids)}
@@ -167,14 +176,16 @@ def _add_speedups(rows: list[dict]) -> None:
 def evaluate(model, tokenizer, tasks: list[str], n: int, gammas: list[float], block_size: int = 16,
              include_ntp: bool = True, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, batch_size: int = 1,
              repeats: int = 1, seed: int = 0, label: str = "model", progress: bool = True,
-             keep_outputs: bool = False) -> list[dict]:
+             keep_outputs: bool = False, include_verify: bool = False) -> list[dict]:
     """Rows of metrics, one per (task, config) plus one "all" row per config; configs are NTP (if
     `include_ntp`) and SBD at each γ in `gammas` with `block_size`. Every config decodes the same `n`
     held-out problems per task (`make_split(task, "test", n, seed)`) from the rendered prompt, greedily.
-    `keep_outputs` adds each row's generated texts and scores under "outputs"."""
+    `include_verify` adds SBD with verified drafts (`method="sbd-verify"`, same block size), whose answers
+    must equal NTP's. `keep_outputs` adds each row's generated texts and scores under "outputs"."""
     from tqdm.auto import tqdm
 
-    configs = validate(model, tasks, n, gammas, block_size, include_ntp, max_new_tokens, batch_size, repeats)
+    configs = validate(model, tasks, n, gammas, block_size, include_ntp, max_new_tokens, batch_size, repeats,
+                       include_verify)
     examples = {t: make_split(t, "test", n, seed) for t in tasks}
     prompts = {t: [ex["prompt"] for ex in examples[t]] for t in tasks}
     reference = {t: _reference_tokens(tokenizer, examples[t]) for t in tasks}

@@ -1,0 +1,163 @@
+"""`method="sbd-verify"`: masked drafts checked by the model's own next-token head.
+
+Exactness: greedy output equals `method="ntp"` token for token on every architecture, alone and in a
+batch; sampling draws from NTP's distribution (checked against the exact distribution of a tiny model).
+Cost: on a scripted model whose masked head is always right, a forward yields a whole block; when it
+is never right, sbd-verify needs exactly NTP's forwards, never more.
+"""
+
+import itertools
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import random_prompts
+from transformers import GenerationConfig, LlamaConfig
+
+import sbd
+from sbd.models import tiny
+
+V, MASK, EOS = 32, 31, 2
+
+
+class TwoHeadLM(torch.nn.Module):
+    """A stand-in LM with scripted heads: at a causal position p it predicts `ntp[p + 1]` (the next
+    token), at a mask token at position p it predicts `draft[p]`. Everything depends on positions
+    only, so the exact NTP output is `ntp[prompt_len:]` up to EOS."""
+
+    def __init__(self, ntp, draft):
+        super().__init__()
+        self.config = LlamaConfig(vocab_size=V, hidden_size=8, num_hidden_layers=1, num_attention_heads=1,
+                                  max_position_embeddings=256)
+        self.config.sbd_mask_token_id = MASK
+        self.generation_config = GenerationConfig(eos_token_id=EOS)
+        self.embed = torch.nn.Embedding(V, 4)
+        self.ntp, self.draft = ntp, draft
+
+    def get_input_embeddings(self):
+        return self.embed
+
+    def forward(self, input_ids, position_ids, attention_mask, past_key_values, use_cache=True, logits_to_keep=0):
+        b, q = input_ids.shape
+        past_key_values.update(torch.zeros(b, 1, q, 1), torch.zeros(b, 1, q, 1), 0)
+        logits = torch.zeros(b, q, V)
+        for i, j in itertools.product(range(b), range(q)):
+            p = int(position_ids[i, j])
+            token = self.draft(p) if int(input_ids[i, j]) == MASK else self.ntp(p + 1)
+            logits[i, j, token] = 10.0
+        return SimpleNamespace(logits=logits[:, -logits_to_keep:] if logits_to_keep else logits)
+
+
+def _script(p):
+    return 3 + (p * 7) % 20  # never EOS, never the mask
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+def test_perfect_drafts_fill_a_whole_block_per_forward(block_size):
+    model = TwoHeadLM(_script, _script)
+    out = sbd.generate(model, None, [[5, 6, 7]], method="sbd-verify", block_size=block_size, max_new_tokens=40,
+                       eos_token_ids=[])
+    assert out.token_ids[0] == [_script(p) for p in range(3, 43)]
+    # the first forward has no draft yet (1 token); every later one keeps block_size - 1 drafts + 1 token
+    assert out.nfe == [1 + -(-39 // block_size)]
+    assert out.steps[0][:1 + block_size] == [1] + [2] * block_size
+
+
+def test_wrong_drafts_cost_exactly_ntp_forwards():
+    model = TwoHeadLM(_script, lambda p: 4 if _script(p) != 4 else 5)
+    out = sbd.generate(model, None, [[5, 6, 7]], method="sbd-verify", block_size=8, max_new_tokens=30,
+                       eos_token_ids=[])
+    assert out.token_ids[0] == [_script(p) for p in range(3, 33)]
+    assert out.nfe == [30] and out.steps[0] == list(range(1, 31))
+    assert out.mean_accepted == 0.0
+
+
+def test_a_draft_wrong_at_one_position_keeps_its_prefix():
+    # drafts right except at position 10: the forward verifying it keeps the drafts before 10, writes
+    # NTP's token at 10, and the next forward drafts afresh.
+    model = TwoHeadLM(_script, lambda p: 4 if p == 10 else _script(p))
+    out = sbd.generate(model, None, [[5, 6, 7]], method="sbd-verify", block_size=4, max_new_tokens=16,
+                       eos_token_ids=[])
+    assert out.token_ids[0] == [_script(p) for p in range(3, 19)]
+    # forward 1: token at 3 (+ drafts 4-6); 2: 4-6 kept + 7 (+ drafts 8-10); 3: 8, 9 kept, 10 corrected;
+    # 4: 11 (+ drafts 12-14); 5: 12-14 + 15 (+ 16-18); 6: 16-18 (budget)
+    assert out.steps[0] == [1, 2, 2, 2, 2, 3, 3, 3, 4, 5, 5, 5, 5, 6, 6, 6]
+    assert out.accepted[0] == [0, 3, 2, 0, 3, 2]
+
+
+def test_eos_inside_an_accepted_draft_ends_the_row_there():
+    ntp = lambda p: EOS if p == 9 else _script(p)
+    model = TwoHeadLM(ntp, ntp)
+    out = sbd.generate(model, None, [[5, 6, 7]], method="sbd-verify", block_size=8, max_new_tokens=40)
+    assert out.token_ids[0] == [_script(p) for p in range(3, 9)] + [EOS]
+    assert out.nfe == [2]
+
+
+def test_greedy_equals_ntp_alone_and_in_a_batch(model):
+    prompts = random_prompts(5, model.config.vocab_size, seed=3)
+    free = sbd.generate(model, None, prompts[:1], method="ntp", max_new_tokens=30, eos_token_ids=[])
+    eos = [free.token_ids[0][9]]  # rows stop at different times
+    ntp = sbd.generate(model, None, prompts, method="ntp", max_new_tokens=30, eos_token_ids=eos)
+    batch = sbd.generate(model, None, prompts, method="sbd-verify", block_size=4, max_new_tokens=30,
+                         eos_token_ids=eos)
+    assert len({len(t) for t in ntp.token_ids}) > 1
+    assert batch.token_ids == ntp.token_ids
+    for i, p in enumerate(prompts):
+        alone = sbd.generate(model, None, [p], method="sbd-verify", block_size=4, max_new_tokens=30,
+                             eos_token_ids=eos)
+        assert alone.token_ids[0] == ntp.token_ids[i]
+        assert alone.nfe[0] <= ntp.nfe[i]
+
+
+def test_greedy_equals_ntp_on_a_trained_model_whose_drafts_are_often_right():
+    """A random model's masked head is rarely right, so the accept-and-crop path runs on the shipped
+    SBD-trained demo model: a real KV cache, drafts accepted, rejected and cropped, rows of a batch
+    stopping at different times."""
+    from sbd.tasks import make_split
+
+    model, tok = sbd.load("demo")
+    prompts = [ex["prompt"] for task in ("chain_sum", "number_sorting") for ex in make_split(task, "test", 3, 1)]
+    ntp = sbd.generate(model, tok, prompts, method="ntp", max_new_tokens=64)
+    for rows in (prompts, *([p] for p in prompts)):
+        ver = sbd.generate(model, tok, rows, method="sbd-verify", block_size=8, max_new_tokens=64)
+        assert ver.token_ids == [ntp.token_ids[prompts.index(p)] for p in rows]
+        assert ver.mean_accepted > 0.5
+    assert sum(ver.nfe) < sum(ntp.nfe[-1:])
+
+
+def test_sampling_follows_the_ntp_distribution():
+    """Tokens 1-3 after a fixed prompt, sampled 1,500 times, against the exact NTP marginals."""
+    cfg = tiny.tiny_config("llama", vocab_size=8, hidden=16, layers=1, heads=2, kv_heads=1, context=64)
+    model = tiny.random_model(cfg, seed=4, logit_scale=1.0)
+    model.config.sbd_mask_token_id = 7
+    prompt = [1, 2, 3]
+    exact = _exact_marginals(model, prompt, 3)
+    n = 1500
+    counts = torch.zeros(3, 8)
+    accepted = 0
+    for s in range(n):
+        out = sbd.generate(model, None, [prompt], method="sbd-verify", block_size=4, max_new_tokens=3,
+                           temperature=1.0, seed=s, eos_token_ids=[])
+        for j, t in enumerate(out.token_ids[0]):
+            counts[j, t] += 1
+        accepted += sum(out.accepted[0])
+    assert accepted > n / 4  # the acceptance path was taken
+    tv = 0.5 * (counts / n - exact).abs().sum(-1)
+    assert tv.max() < 0.06, tv  # sampling noise at n = 1,500 over 8 outcomes: TV ~ 0.02
+
+
+def _exact_marginals(model, prompt, steps):
+    """Marginal distribution of each of the next `steps` tokens under NTP sampling at temperature 1."""
+    seqs = {tuple(prompt): 1.0}
+    marginals = []
+    with torch.no_grad():
+        for _ in range(steps):
+            nxt, m = {}, torch.zeros(model.config.vocab_size)
+            for seq, w in seqs.items():
+                p = torch.softmax(model(torch.tensor([seq])).logits[0, -1].float(), -1)
+                m += w * p
+                for t in range(len(p)):
+                    nxt[seq + (t,)] = w * float(p[t])
+            marginals.append(m)
+            seqs = nxt
+    return torch.stack(marginals)
