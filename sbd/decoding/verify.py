@@ -117,8 +117,7 @@ def verify_decode(rows: LiveRows, ids: torch.Tensor, out: FinishedRows, eos: tor
         for i, n in ended.items():
             out.finish(int(rows.rows[i]), made[i, :n].tolist(), steps[i, :n].tolist(), nfe)
         head = new[:, -1:]
-        mask_logits = mask_logits.clone()
-        mask_logits[..., mask_id] = torch.finfo(mask_logits.dtype).min  # never draft the mask token
+        mask_logits[..., mask_id] = torch.finfo(mask_logits.dtype).min  # never draft the mask token (in place)
         if a == n_draft:  # the masks were predicted in the right context: positions 2.. are the next draft
             if temperature > 0:
                 q_draft = torch.softmax(mask_logits[:, 1:].float() / temperature, dim=-1)
