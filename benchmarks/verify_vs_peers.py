@@ -70,6 +70,8 @@ def main() -> None:
         f"SBD γ={args.gamma:g}, block 16": (sbd_generate, {"method": "sbd", "gamma": args.gamma, "block_size": 16}),
         "SBD-verify, block 16": (sbd_generate, {"method": "sbd-verify", "block_size": 16}),
         "SBD-verify, block 8": (sbd_generate, {"method": "sbd-verify", "block_size": 8}),
+        f"SBD-verify, EB drafts γ={args.gamma:g}, block 16": (
+            sbd_generate, {"method": "sbd-verify", "draft": "eb", "gamma": args.gamma, "block_size": 16}),
     }
     for fn, kw in configs.values():  # warm-up
         fn(model, tok, examples[0]["prompt"], args.max_new_tokens, **kw)

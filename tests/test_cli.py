@@ -52,6 +52,6 @@ def test_bad_option_values_are_rejected_by_the_parser(model_dir, capsys):
 def test_console_script_help_documents_every_option():
     out = subprocess.run([sys.executable, "-m", "sbd.cli", "generate", "--help"], capture_output=True, text=True)
     assert out.returncode == 0
-    for option in ("--model", "--method", "--block-size", "--gamma", "--proxy", "--max-new-tokens",
+    for option in ("--model", "--method", "--block-size", "--draft", "--gamma", "--proxy", "--max-new-tokens",
                    "--temperature", "--seed", "--stop", "--compare", "--device"):
         assert option in out.stdout

@@ -161,3 +161,38 @@ def _exact_marginals(model, prompt, steps):
             marginals.append(m)
             seqs = nxt
     return torch.stack(marginals)
+
+
+def test_eb_drafts_are_exact_and_gamma_inf_is_the_whole_block(model):
+    prompts = random_prompts(3, model.config.vocab_size, seed=7)
+    ntp = sbd.generate(model, None, prompts, method="ntp", max_new_tokens=20, eos_token_ids=[])
+    block = sbd.generate(model, None, prompts, method="sbd-verify", block_size=4, max_new_tokens=20,
+                         eos_token_ids=[])
+    for gamma in (0.0, 0.5):
+        eb = sbd.generate(model, None, prompts, method="sbd-verify", draft="eb", gamma=gamma, block_size=4,
+                          max_new_tokens=20, eos_token_ids=[])
+        assert eb.token_ids == ntp.token_ids
+    full = sbd.generate(model, None, prompts, method="sbd-verify", draft="eb", gamma=float("inf"), block_size=4,
+                        max_new_tokens=20, eos_token_ids=[])
+    assert (full.token_ids, full.nfe, full.steps) == (block.token_ids, block.nfe, block.steps)
+
+
+def test_eb_drafting_spends_its_own_forwards():
+    # perfect drafts, γ = 0: each draft of block_size - 1 tokens is revealed one per forward, so a
+    # block costs block_size - 2 drafting forwards (the first reveal rides in the verifying forward)
+    model = TwoHeadLM(_script, _script)
+    out = sbd.generate(model, None, [[5, 6, 7]], method="sbd-verify", draft="eb", gamma=0.0, block_size=4,
+                       max_new_tokens=9, eos_token_ids=[])
+    assert out.token_ids[0] == [_script(p) for p in range(3, 12)]
+    # forward 1: token 1; drafting 2, 3; forward 4 keeps 3 drafts + 1; drafting 5, 6; forward 7: the rest
+    assert out.nfe == [7] and out.steps[0] == [1, 4, 4, 4, 4, 7, 7, 7, 7]
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"method": "sbd", "draft": "eb"}, "sbd-verify"),
+    ({"method": "sbd-verify", "draft": "eb", "temperature": 1.0}, "greedy only"),
+    ({"method": "sbd-verify", "draft": "tree"}, "unknown draft"),
+])
+def test_draft_misuse_is_one_clear_error(llama, kw, match):
+    with pytest.raises(sbd.SBDError, match=match):
+        sbd.generate(llama, None, [[5, 6]], max_new_tokens=4, **kw)

@@ -44,6 +44,10 @@ def _add_generate(sub) -> None:
                    help="sbd: set block decoding; ntp: one token per forward; sbd-verify: SBD drafts checked by "
                         "the model's own next-token head, NTP's exact output in fewer forwards (default: sbd)")
     p.add_argument("--block-size", type=_positive, default=16, help="tokens per block (default: 16)")
+    p.add_argument("--draft", default="block", choices=["block", "eb"],
+                   help="sbd-verify only: block = the whole block the masked head predicts, in the verifying "
+                        "forward; eb = revealed by the EB rule (--gamma, --proxy) over forwards of its own, greedy "
+                        "only (default: block)")
     p.add_argument("--gamma", type=_gamma, default=0.35,
                    help="EB-sampler bound: 0 reveals one token per forward, inf a whole block (default: 0.35)")
     p.add_argument("--proxy", default="entropy", choices=["entropy", "confidence", "margin"],
@@ -111,8 +115,9 @@ def cmd_generate(args) -> None:
               temperature=args.temperature, seed=args.seed, stop=args.stop)
     results = {}
     for method in methods:
-        generate(model, tokenizer, args.prompts, method=method, **{**kw, "max_new_tokens": 2})  # warm-up
-        results[method] = generate(model, tokenizer, args.prompts, method=method, **kw)
+        mkw = {**kw, "draft": args.draft} if method == "sbd-verify" else kw
+        generate(model, tokenizer, args.prompts, method=method, **{**mkw, "max_new_tokens": 2})  # warm-up
+        results[method] = generate(model, tokenizer, args.prompts, method=method, **mkw)
     for i, prompt in enumerate(args.prompts):
         print(f"=== prompt {i + 1}: {prompt!r}")
         for method, r in results.items():

@@ -19,6 +19,7 @@ from .loops import FinishedRows, ForwardRecord, LiveRows, ntp_decode, sbd_decode
 from .verify import verify_decode
 
 METHODS = ("ntp", "sbd", "sbd-verify")
+DRAFTS = ("block", "eb")  # how sbd-verify drafts: the whole block from one forward, or the EB rule
 
 
 @dataclass
@@ -104,9 +105,16 @@ def encode_prompts(tokenizer, prompts) -> list[list[int]]:
     return encoded
 
 
-def _validate(model, method, block_size, gamma, proxy, max_new_tokens, temperature, stop):
+def _validate(model, method, block_size, gamma, proxy, max_new_tokens, temperature, stop, draft="block"):
     if method not in METHODS:
         raise SBDError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    if draft not in DRAFTS:
+        raise SBDError(f"unknown draft {draft!r}; choose one of {', '.join(DRAFTS)}")
+    if draft == "eb" and method != "sbd-verify":
+        raise SBDError("draft='eb' refines the drafts of method='sbd-verify'; the other methods take no draft")
+    if draft == "eb" and temperature > 0:
+        raise SBDError("draft='eb' is greedy only (the acceptance rule of sampling needs every draft token drawn "
+                       "from its own distribution, which out-of-order reveals break); use draft='block'")
     if not isinstance(block_size, int) or block_size < 1:
         raise SBDError(f"block_size must be an integer >= 1, got {block_size!r}")
     if not isinstance(gamma, (int, float)) or math.isnan(gamma) or gamma < 0:
@@ -141,18 +149,23 @@ def generate(
     stop: Sequence[str] | None = None,
     eos_token_ids: Sequence[int] | None = None,
     observer: Callable[[ForwardRecord], None] | None = None,
+    draft: str = "block",
 ) -> GenerationResult:
     """Decode `prompts` with NTP, SBD or SBD with verified drafts. Every row stops on its own.
 
     method: "ntp" one token per forward; "sbd" blocks revealed by the EB rule (gamma, proxy), several
     tokens per forward; "sbd-verify" whole-block drafts of the masked head checked by the model's own
     next-token predictions: exactly NTP's output (greedy: the same tokens; sampling: the same
-    distribution) in fewer forwards when the drafts are good (gamma and proxy are not used).
+    distribution) in fewer forwards when the drafts are good.
+
+    draft (sbd-verify only): "block" takes the whole block the masked head predicts in the verifying
+    forward as the draft (gamma and proxy unused); "eb" first reveals it with the EB rule (gamma,
+    proxy) over forwards of its own, as SBD would — better drafts for more forwards; greedy only.
 
     eos_token_ids: defaults to the tokenizer's and generation config's EOS; `[]` decodes to the budget.
     observer: called after every model forward with a `ForwardRecord` (tests use it to recompute).
     """
-    _validate(model, method, block_size, gamma, proxy, max_new_tokens, temperature, stop)
+    _validate(model, method, block_size, gamma, proxy, max_new_tokens, temperature, stop, draft)
     prompt_ids = encode_prompts(tokenizer, prompts)
     limit = context_limit(model)
     longest = max(len(p) for p in prompt_ids)
@@ -190,7 +203,8 @@ def generate(
             elif method == "sbd-verify":
                 rows = LiveRows(model, pad, longest + max_new_tokens + 2 * block_size, observer)
                 accepted = verify_decode(rows, ids, out, eos, max_new_tokens, block_size,
-                                         int(model.config.sbd_mask_token_id), temperature, gen)
+                                         int(model.config.sbd_mask_token_id), temperature, gen,
+                                         float(gamma) if draft == "eb" else None, proxy)
             else:
                 k = min(block_size, max_new_tokens)
                 rows = LiveRows(model, pad, longest + max_new_tokens + k, observer)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from ..sampler import error_proxy, pick_tokens, reveal_from_proxy
 from .loops import FinishedRows, LiveRows, _check_finite
 
 
@@ -60,10 +61,33 @@ def _accept_sampled(ntp_logits, draft, q_draft, temperature, gen):
     return accepted, tokens
 
 
+def _eb_draft(rows: LiveRows, head: torch.Tensor, logits: torch.Tensor, mask_id: int, gamma: float, proxy: str):
+    """Refine a draft with the EB rule before it is verified: the block [head, masks…] is revealed over
+    further forwards (no commit), like an SBD block. Greedy only. Returns the draft and the forwards spent."""
+    k = logits.shape[1]
+    block = torch.cat([head, torch.full((head.shape[0], k - 1), mask_id, dtype=torch.long, device=head.device)], 1)
+    masked = torch.ones_like(block, dtype=torch.bool)
+    masked[:, 0] = False
+    spent = 0
+    while True:
+        order = None if proxy == "entropy" else error_proxy(logits, proxy)
+        reveal = reveal_from_proxy(error_proxy(logits, "entropy"), masked, gamma, order)
+        block = torch.where(reveal, pick_tokens(logits, 0.0, None), block)
+        masked &= ~reveal
+        if not masked.any():
+            return block[:, 1:], spent
+        logits = rows.forward(block, n_commit=0, n_logits=k)
+        logits[..., mask_id] = torch.finfo(logits.dtype).min
+        spent += 1
+
+
 def verify_decode(rows: LiveRows, ids: torch.Tensor, out: FinishedRows, eos: torch.Tensor, max_new: int,
-                  block_size: int, mask_id: int, temperature: float, gen) -> list[list[int]]:
+                  block_size: int, mask_id: int, temperature: float, gen, eb_gamma: float | None = None,
+                  proxy: str = "entropy") -> list[list[int]]:
     """Decode with masked drafts checked by the model's own NTP predictions; returns, per row, the
-    number of draft tokens accepted at each forward."""
+    number of draft tokens accepted at each verifying forward. eb_gamma None: each draft is the whole
+    block from one forward; a number: the draft is revealed by the EB rule first (greedy only), which
+    costs forwards of its own."""
     if ids.shape[1] > 1:
         rows.forward(ids[:, :-1], n_commit=ids.shape[1] - 1, n_logits=1)
     b, device = ids.shape[0], ids.device
@@ -119,7 +143,17 @@ def verify_decode(rows: LiveRows, ids: torch.Tensor, out: FinishedRows, eos: tor
         head = new[:, -1:]
         mask_logits[..., mask_id] = torch.finfo(mask_logits.dtype).min  # never draft the mask token (in place)
         if a == n_draft:  # the masks were predicted in the right context: positions 2.. are the next draft
-            if temperature > 0:
+            if eb_gamma is not None and block_size > 1:
+                live_now = torch.ones(head.shape[0], dtype=torch.bool, device=device)
+                if ended:  # finished rows leave before the drafting forwards
+                    live_now[list(ended)] = False
+                    if not live_now.any():
+                        return accepted_log
+                    made, steps, head, mask_logits = rows.keep(live_now, made, steps, head, mask_logits)
+                    ended = {}
+                draft, spent = _eb_draft(rows, head, mask_logits, mask_id, eb_gamma, proxy)
+                nfe += spent
+            elif temperature > 0:
                 q_draft = torch.softmax(mask_logits[:, 1:].float() / temperature, dim=-1)
                 flat = q_draft.reshape(-1, q_draft.shape[-1])
                 draft = torch.multinomial(flat, 1, generator=gen).view(q_draft.shape[:2])
