@@ -93,13 +93,13 @@ def main() -> None:
         "",
         f"Command: `python benchmarks/verify_vs_peers.py --model {args.model} --n {args.n} --repeats {args.repeats}`",
         "",
-        f"{len(examples)} held-out problems ({args.n} per task: {args.tasks}), greedy, batch 1, max "
-        f"{args.max_new_tokens} new tokens; time = median over {args.repeats} passes of the summed per-prompt "
-        f"wall times, configurations interleaved prompt by prompt after one warm-up call each. Machine: "
-        f"{platform.platform()}, {args.threads} torch threads, torch {torch.__version__}, fp32.",
+        (f"{len(examples)} held-out problems ({args.n} per task: {args.tasks}), greedy, batch 1, max "
+         f"{args.max_new_tokens} new tokens; time = median over {args.repeats} passes of the summed per-prompt "
+         f"wall times, configurations interleaved prompt by prompt after one warm-up call each. Machine: "
+         f"{platform.platform()}, {args.threads} torch threads, torch {torch.__version__}, fp32."),
         "",
-        "| decoding | accuracy % | same tokens as HF greedy | forwards / answer | tokens / forward | tokens/s "
-        "| wall-clock vs HF greedy |",
+        ("| decoding | accuracy % | same tokens as HF greedy | forwards / answer | tokens / forward | tokens/s "
+         "| wall-clock vs HF greedy |"),
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name in configs:
