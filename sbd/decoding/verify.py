@@ -116,7 +116,7 @@ def verify_decode(rows: LiveRows, ids: torch.Tensor, out: FinishedRows, eos: tor
         else:
             per_row, tokens = _accept_greedy(ntp_logits, draft)
         a = int(per_row.min())  # common cache length: the shortest accepted prefix over the rows
-        for i, r in enumerate(rows.rows.tolist()):
+        for r in rows.rows.tolist():
             accepted_log[r].append(a)
         if a < n_draft:
             rows.drop(n_draft - a)  # the rejected draft leaves the cache
@@ -141,31 +141,22 @@ def verify_decode(rows: LiveRows, ids: torch.Tensor, out: FinishedRows, eos: tor
         for i, n in ended.items():
             out.finish(int(rows.rows[i]), made[i, :n].tolist(), steps[i, :n].tolist(), nfe)
         head = new[:, -1:]
-        mask_logits[..., mask_id] = torch.finfo(mask_logits.dtype).min  # never draft the mask token (in place)
-        if a == n_draft:  # the masks were predicted in the right context: positions 2.. are the next draft
-            if eb_gamma is not None and block_size > 1:
-                live_now = torch.ones(head.shape[0], dtype=torch.bool, device=device)
-                if ended:  # finished rows leave before the drafting forwards
-                    live_now[list(ended)] = False
-                    if not live_now.any():
-                        return accepted_log
-                    made, steps, head, mask_logits = rows.keep(live_now, made, steps, head, mask_logits)
-                    ended = {}
-                draft, spent = _eb_draft(rows, head, mask_logits, mask_id, eb_gamma, proxy)
-                nfe += spent
-            elif temperature > 0:
-                q_draft = torch.softmax(mask_logits[:, 1:].float() / temperature, dim=-1)
-                flat = q_draft.reshape(-1, q_draft.shape[-1])
-                draft = torch.multinomial(flat, 1, generator=gen).view(q_draft.shape[:2])
-            else:
-                draft = mask_logits[:, 1:].argmax(-1)
-        else:
-            draft, q_draft = head[:, :0], None
-        if ended:
+        if ended:  # finished rows leave before the next draft is made
             live = torch.ones(head.shape[0], dtype=torch.bool, device=device)
             live[list(ended)] = False
             if not live.any():
                 return accepted_log
-            kept = rows.keep(live, made, steps, head, draft, *([q_draft] if q_draft is not None else []))
-            made, steps, head, draft = kept[:4]
-            q_draft = kept[4] if q_draft is not None else None
+            made, steps, head, mask_logits = rows.keep(live, made, steps, head, mask_logits)
+        mask_logits[..., mask_id] = torch.finfo(mask_logits.dtype).min  # never draft the mask token (in place)
+        q_draft = None
+        if a < n_draft:  # the masks rode on a rejected draft: the next forward drafts afresh
+            draft = head[:, :0]
+        elif eb_gamma is not None and block_size > 1:
+            draft, spent = _eb_draft(rows, head, mask_logits, mask_id, eb_gamma, proxy)
+            nfe += spent
+        elif temperature > 0:  # positions 2.. of the masks are the next draft (1 is the new head token)
+            q_draft = torch.softmax(mask_logits[:, 1:].float() / temperature, dim=-1)
+            flat = q_draft.reshape(-1, q_draft.shape[-1])
+            draft = torch.multinomial(flat, 1, generator=gen).view(q_draft.shape[:2])
+        else:
+            draft = mask_logits[:, 1:].argmax(-1)

@@ -48,17 +48,8 @@ def plot_accuracy_vs_speedup(rows: list[dict], path) -> Path:
                 ax.annotate(f"γ={fmt_gamma(r['gamma'])}", (r["nfe_speedup"], 100 * r["accuracy"]),
                             textcoords="offset points", xytext=(4, 4), fontsize=7, color=color)
     ax.axvline(1.0, color="grey", linewidth=0.8, linestyle=":")
-    ax.set_xlabel("NFE speedup over NTP decoding (×)")
-    ax.set_ylabel("accuracy (%)")
-    ax.set_title("Accuracy vs forward-pass speedup (□ = NTP decoding, dashed = NTP-only model)")
-    ax.title.set_fontsize(9)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, format="png")
-    plt.close(fig)
-    return path
+    return _save(fig, ax, "NFE speedup over NTP decoding (×)", "accuracy (%)",
+                 "Accuracy vs forward-pass speedup (□ = NTP decoding, dashed = NTP-only model)", "best", path)
 
 
 def plot_learning_curves(runs: dict[str, list[dict]], path) -> Path:
@@ -78,12 +69,20 @@ def plot_learning_curves(runs: dict[str, list[dict]], path) -> Path:
                 label=f"{name}: NTP")
         ax.plot(steps, [r["masked_acc"] for r in points], color=colors(i), linestyle="--", marker="o", markersize=3,
                 label=f"{name}: masked, left context")
-    ax.set_xlabel("training step")
-    ax.set_ylabel("held-out top-1 accuracy, teacher-forced (%)")
-    ax.set_title("Masked vs next-token prediction while training (sbd convergence)")
+    return _save(fig, ax, "training step", "held-out top-1 accuracy, teacher-forced (%)",
+                 "Masked vs next-token prediction while training (sbd convergence)", "lower right", path)
+
+
+def _save(fig, ax, xlabel: str, ylabel: str, title: str, legend_loc: str, path) -> Path:
+    """Labels, grid and legend in the house style, then the PNG."""
+    import matplotlib.pyplot as plt
+
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.title.set_fontsize(9)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc=legend_loc)
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, format="png")
