@@ -77,7 +77,7 @@ def loop_overhead(model, method: str, gamma: float, repeats: int, prompt_len: in
     prompt = torch.randint(3, model.config.vocab_size - 1, (prompt_len,)).tolist()
     per_forward, nfes = [], []
     for i in range(repeats + 1):
-        timed = Timed(model)
+        timed = Timed(model).eval()  # a decoding call should find the model in eval mode, as loaded
         t = time.perf_counter()
         out = sbd.generate(timed, None, [prompt], method=method, block_size=16, gamma=gamma,
                            max_new_tokens=new, eos_token_ids=[])
@@ -143,7 +143,7 @@ def main() -> None:
           f"(prompt 64, 128 new tokens, block 16, median of {max(3, args.repeats // 5)} runs).\n")
     print("| method | gamma | NFE | overhead per forward ms | overhead / 1-token forward |")
     print("|---|---|---|---|---|")
-    instant = Instant(model)
+    instant = Instant(model).eval()
     for method, gamma in (("ntp", 0.0), ("sbd", 0.0), ("sbd", 0.35), ("sbd", float("inf"))):
         ov, nfe = loop_overhead(model, method, gamma, max(3, args.repeats // 5))
         print(f"| {method} | {gamma} | {nfe:.0f} | {ov * 1e3:.3f} | {ov / one * 100:.1f}% |")

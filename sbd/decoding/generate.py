@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..errors import SBDError
+from ..modes import eval_mode
 from ..sampler import PROXIES
 from .loops import FinishedRows, ForwardRecord, LiveRows, ntp_decode, sbd_decode
 from .verify import verify_decode
@@ -192,26 +193,21 @@ def generate(
         ids[i, longest - len(p):] = torch.tensor(p, dtype=torch.long)
     pad = longest - lengths
     out = FinishedRows(len(prompt_ids), tokenizer, stop or [])
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.inference_mode():
-            accepted = []
-            if method == "ntp":
-                rows = LiveRows(model, pad, longest + max_new_tokens, observer)
-                ntp_decode(rows, ids, out, eos, max_new_tokens, temperature, gen)
-            elif method == "sbd-verify":
-                rows = LiveRows(model, pad, longest + max_new_tokens + 2 * block_size, observer)
-                accepted = verify_decode(rows, ids, out, eos, max_new_tokens, block_size,
-                                         int(model.config.sbd_mask_token_id), temperature, gen,
-                                         float(gamma) if draft == "eb" else None, proxy)
-            else:
-                k = min(block_size, max_new_tokens)
-                rows = LiveRows(model, pad, longest + max_new_tokens + k, observer)
-                sbd_decode(rows, ids, out, eos, max_new_tokens, k, float(gamma), proxy,
-                           int(model.config.sbd_mask_token_id), temperature, gen)
-    finally:
-        model.train(was_training)
+    with eval_mode(model), torch.inference_mode():
+        accepted = []
+        if method == "ntp":
+            rows = LiveRows(model, pad, longest + max_new_tokens, observer)
+            ntp_decode(rows, ids, out, eos, max_new_tokens, temperature, gen)
+        elif method == "sbd-verify":
+            rows = LiveRows(model, pad, longest + max_new_tokens + 2 * block_size, observer)
+            accepted = verify_decode(rows, ids, out, eos, max_new_tokens, block_size,
+                                     int(model.config.sbd_mask_token_id), temperature, gen,
+                                     float(gamma) if draft == "eb" else None, proxy)
+        else:
+            k = min(block_size, max_new_tokens)
+            rows = LiveRows(model, pad, longest + max_new_tokens + k, observer)
+            sbd_decode(rows, ids, out, eos, max_new_tokens, k, float(gamma), proxy,
+                       int(model.config.sbd_mask_token_id), temperature, gen)
     seconds = time.perf_counter() - start
     return GenerationResult(
         texts=out.texts(), token_ids=out.ids, nfe=out.nfe, steps=out.steps, seconds=seconds,

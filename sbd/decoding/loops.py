@@ -16,7 +16,7 @@ import torch
 
 from ..errors import SBDError
 from ..masks import inference_mask
-from ..sampler import error_proxy, pick_tokens, reveal_from_proxy
+from ..sampler import entropy_and_argmax, error_proxy, pick_tokens, reveal_from_proxy
 from .cache import crop, select_rows, slab_cache
 
 
@@ -125,6 +125,16 @@ def _check_finite(values: torch.Tensor) -> None:
         raise SBDError("the model returned NaN or infinite logits; decoding stopped (check the weights and dtype)")
 
 
+def eos_test(eos: torch.Tensor):
+    """A function telling which tokens are EOS: one comparison for the usual single EOS id."""
+    if eos.numel() == 1:
+        eos_id = int(eos)
+        return lambda tokens: tokens == eos_id
+    if eos.numel() == 0:
+        return lambda tokens: torch.zeros_like(tokens, dtype=torch.bool)
+    return lambda tokens: torch.isin(tokens, eos)
+
+
 def ntp_decode(rows: LiveRows, ids: torch.Tensor, out: FinishedRows, eos: torch.Tensor, max_new: int,
                temperature: float, gen) -> None:
     """Plain next-token decoding: prefill all but the last prompt token, then one token per forward."""
@@ -170,6 +180,7 @@ def sbd_decode(rows: LiveRows, ids: torch.Tensor, out: FinishedRows, eos: torch.
     nfe = torch.zeros(b, dtype=torch.long, device=ids.device)
     pending = ids[:, :0]
     produced = 0
+    is_eos = eos_test(eos)
     checked = [0] * b
     while True:
         k = min(block_size, max_new - produced)
@@ -182,27 +193,34 @@ def sbd_decode(rows: LiveRows, ids: torch.Tensor, out: FinishedRows, eos: torch.
             logits = rows.forward(inputs, n_commit=n_commit, n_logits=k)
             n_commit = 0
             logits[..., mask_id] = torch.finfo(logits.dtype).min  # never reveal the mask token itself
-            h = error_proxy(logits, "entropy")  # the EB bound is on entropies whatever the proxy
-            _check_finite(h)
-            order = None if proxy == "entropy" else error_proxy(logits, proxy)
-            picked = pick_tokens(logits, temperature, gen)
+            if math.isinf(gamma):  # the EB rule reveals every masked position: no entropies needed
+                h, picked = logits.amax(-1), pick_tokens(logits, temperature, gen)
+            elif temperature > 0:
+                h, picked = error_proxy(logits, "entropy"), pick_tokens(logits, temperature, gen)
+            else:
+                h, picked = entropy_and_argmax(logits)  # the EB bound is on entropies whatever the proxy
+            order = None if proxy == "entropy" or math.isinf(gamma) else error_proxy(logits, proxy)
             # Positions after the first EOS that the block holds (revealed) or predicts (masked) are not
             # revealed: if that EOS stands they are discarded, so a forward spent on them is wasted.
-            ends = torch.isin(torch.where(masked, picked, block), eos)
-            todo = masked & live[:, None] & (ends.cumsum(-1) - ends.long() == 0)
-            reveal = reveal_from_proxy(h, todo, gamma, order)
+            ends = is_eos(torch.where(masked, picked, block))
+            todo = masked & (ends.cumsum(-1) <= ends)  # no EOS strictly before the position
+            reveal = todo if math.isinf(gamma) else reveal_from_proxy(h, todo, gamma, order)
             block = torch.where(reveal, picked, block)
-            masked &= ~reveal
-            nfe += todo.any(-1)  # rows whose block is already revealed ride along without counting
+            masked = masked ^ reveal  # reveal ⊆ masked
+            nfe += todo.any(-1)  # rows whose block is already revealed (or that stopped) ride along uncounted
             when = torch.where(reveal, nfe[:, None], when)
-            is_eos = ends & ~masked  # revealed positions holding EOS
-            eos_seen = bool((is_eos.any(-1) & live).any())
+            is_eos_revealed = ends & ~masked  # (a stopped row's block holds masks again: never counted twice)
+            # The one host synchronisation of a forward: finite logits, an EOS revealed, any mask left.
+            finite, eos_seen, left = torch.stack([h.sum(), is_eos_revealed.any(), masked.any()]).tolist()
+            if not math.isfinite(finite):
+                _check_finite(h)  # raises
             ended = {}
             if eos_seen or out.stop:  # rare or opt-in: the common forward skips this bookkeeping
                 known = (~masked).cumprod(-1).bool()  # revealed with every earlier position revealed
             if eos_seen:
-                hit = (is_eos & known).any(-1) & live
-                ended = {i: produced + int(is_eos[i].nonzero()[0]) + 1 for i in hit.nonzero().squeeze(1).tolist()}
+                hit = (is_eos_revealed & known).any(-1)
+                ended = {i: produced + int(is_eos_revealed[i].nonzero()[0]) + 1
+                         for i in hit.nonzero().squeeze(1).tolist()}
             if out.stop:
                 for i in live.nonzero().squeeze(1).tolist():
                     r = int(rows.rows[i])
@@ -217,7 +235,9 @@ def sbd_decode(rows: LiveRows, ids: torch.Tensor, out: FinishedRows, eos: torch.
                 st = torch.cat([steps[i, :produced], when[i]])[:n].tolist()
                 out.finish(int(rows.rows[i]), seq, st, int(nfe[i]))
                 live[i] = False
-            if not (masked & live[:, None]).any():
+                masked[i], block[i] = False, mask_id  # a stopped row reveals nothing and holds no EOS
+                left = bool(masked.any())
+            if not left:
                 break
             inputs = block
         made[:, produced : produced + k] = block

@@ -12,6 +12,7 @@ import torch
 from ..decoding.cache import slab_cache
 from ..errors import SBDError
 from ..masks import inference_mask
+from ..modes import eval_mode
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, tol: float) -> bool:
@@ -38,10 +39,8 @@ def probe_model(model, prefix_len: int = 8, block: int = 4, seed: int = 0) -> No
         return model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
                      past_key_values=cache, use_cache=cache is not None).logits
 
-    was_training = model.training
-    model.eval()
     try:
-        with torch.inference_mode():
+        with eval_mode(model), torch.inference_mode():
             plain = model(input_ids=ids).logits
             ours = run(ids, pos, causal)
             if not _close(plain, ours, tol):
@@ -70,5 +69,3 @@ def probe_model(model, prefix_len: int = 8, block: int = 4, seed: int = 0) -> No
     except Exception as e:  # a model that cannot even run these calls is refused the same way
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise SBDError(f"{name} failed the SBD conformance probe: {first}") from None
-    finally:
-        model.train(was_training)

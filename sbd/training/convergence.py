@@ -27,6 +27,7 @@ import torch
 from ..decoding.cache import select_rows, slab_cache
 from ..errors import SBDError
 from ..masks import causal_mask
+from ..modes import eval_mode
 from ..sampler import error_proxy
 
 REGIONS = ("interior", "final")
@@ -191,8 +192,6 @@ def convergence_check(model, examples, block_size: int = 16, eos_token_ids=None,
         eos_token_ids = eos if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else [])
     eos = {int(e) for e in eos_token_ids}
     report = ConvergenceReport(block_size)
-    was_training = model.training
-    model.eval()
     items = list(examples)
     if not items:
         raise SBDError("no examples to check")
@@ -202,15 +201,15 @@ def convergence_check(model, examples, block_size: int = 16, eos_token_ids=None,
 
         bar = tqdm(total=len(items), desc="convergence check", dynamic_ncols=True)
     try:
-        for ex in items:
-            ids = list(ex["input_ids"])
-            start = max(int(ex.get("prompt_length", 0) or 0), 1)
-            if start < len(ids):
-                _score_sequence(model, ids, start, block_size, mask_id, eos, report)
-            if bar is not None:
-                bar.update(1)
+        with eval_mode(model):
+            for ex in items:
+                ids = list(ex["input_ids"])
+                start = max(int(ex.get("prompt_length", 0) or 0), 1)
+                if start < len(ids):
+                    _score_sequence(model, ids, start, block_size, mask_id, eos, report)
+                if bar is not None:
+                    bar.update(1)
     finally:
-        model.train(was_training)
         if bar is not None:
             bar.close()
     return report

@@ -1,0 +1,143 @@
+"""What one decoding forward costs, measured: time(w) for w new tokens over a cached prefix.
+
+SBD saves forwards; it saves time only if a w-token forward costs little more than a 1-token forward.
+`time_forwards` measures exactly the model calls the decoding loops make (our KV cache, our masks,
+`logits_to_keep`), with the shapes interleaved round by round so that machine noise hits every shape
+alike, after warm-up, and returns medians. `forward_cost_table` lays them out as time(w)/time(1) per
+batch size and cached length (the measured counterpart of the paper's roofline tables).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Iterable
+
+import torch
+
+from ..decoding.cache import crop, slab_cache
+from ..decoding.generate import context_limit
+from ..errors import SBDError
+from ..masks import inference_mask
+from ..modes import eval_mode
+
+WIDTHS = (1, 2, 4, 8, 16, 32, 64)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One kind of decoding forward: `batch` rows, `width` new tokens of which the first `n_commit` are
+    causal (committed to the cache) and the rest one bidirectional block, over `cached` cached tokens."""
+
+    batch: int
+    width: int
+    cached: int
+    n_commit: int = -1  # -1: causal when width == 1 (an NTP step), a block of masks otherwise
+
+    @property
+    def commit(self) -> int:
+        if self.n_commit >= 0:
+            return self.n_commit
+        return 1 if self.width == 1 else 0
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _prefilled(model, batch: int, cached: int, room: int, device, generator):
+    """A cache holding `cached` random tokens per row, with room for `room` more."""
+    vocab = model.get_input_embeddings().num_embeddings
+    cache = slab_cache(model, cached + room)
+    pad = torch.zeros(batch, dtype=torch.long, device=device)
+    if cached:
+        chunk = 2048  # prefill long contexts in pieces: a 16k-token causal mask at once is 1 GiB of bools
+        for start in range(0, cached, chunk):
+            n = min(chunk, cached - start)
+            ids = torch.randint(3, vocab, (batch, n), generator=generator).to(device)
+            pos = (start + torch.arange(n, device=device))[None].expand(batch, -1)
+            model(input_ids=ids, position_ids=pos, attention_mask=inference_mask(pad, start, n, 0),
+                  past_key_values=cache, use_cache=True, logits_to_keep=1)
+    return cache, pad
+
+
+def time_forwards(model, shapes: Iterable[Shape], repeats: int = 10, warmup: int = 2, seed: int = 0) -> dict[Shape, float]:
+    """Median seconds of one forward of each shape. Shapes with the same (batch, cached) share one
+    prefilled cache; within it the shapes take turns, `warmup` rounds untimed, then `repeats` timed."""
+    shapes = list(dict.fromkeys(shapes))
+    if repeats < 1 or warmup < 0:
+        raise SBDError("repeats must be >= 1 and warmup >= 0")
+    limit = context_limit(model)
+    for s in shapes:
+        if s.batch < 1 or s.width < 1 or s.cached < 0 or s.commit > s.width:
+            raise SBDError(f"impossible forward shape {s}")
+        if limit is not None and s.cached + s.width > limit:
+            raise SBDError(f"{s.cached} cached + {s.width} new tokens exceed the model's context of {limit}")
+    device = model.get_input_embeddings().weight.device
+    vocab = model.get_input_embeddings().num_embeddings
+    gen = torch.Generator().manual_seed(seed)
+    groups: dict[tuple[int, int], list[Shape]] = {}
+    for s in shapes:
+        groups.setdefault((s.batch, s.cached), []).append(s)
+    result: dict[Shape, float] = {}
+    with eval_mode(model), torch.inference_mode():
+        for (batch, cached), group in groups.items():
+            cache, pad = _prefilled(model, batch, cached, max(s.width for s in group), device, gen)
+            calls = []
+            for s in group:
+                ids = torch.randint(3, vocab, (batch, s.width), generator=gen).to(device)
+                pos = (cached + torch.arange(s.width, device=device))[None].expand(batch, -1)
+                mask = inference_mask(pad, cached, s.commit, s.width - s.commit)
+                keep = max(1, s.width - s.commit)
+                calls.append((s, dict(input_ids=ids, position_ids=pos, attention_mask=mask,
+                                      past_key_values=cache, use_cache=True, logits_to_keep=keep)))
+            times: dict[Shape, list[float]] = {s: [] for s in group}
+            for round_ in range(warmup + repeats):
+                for s, kw in calls:
+                    _sync(device)
+                    start = time.perf_counter()
+                    model(**kw)
+                    _sync(device)
+                    if round_ >= warmup:
+                        times[s].append(time.perf_counter() - start)
+                    crop(cache, s.width)
+            result.update({s: statistics.median(t) for s, t in times.items()})
+            del cache
+    return result
+
+
+@dataclass
+class CostRow:
+    """time(width) of one (batch, cached) cell and its ratio to time(1) of the same cell."""
+
+    batch: int
+    cached: int
+    width: int
+    ms: float
+    ratio: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def forward_cost_table(model, widths: Iterable[int] = WIDTHS, batches: Iterable[int] = (1,),
+                       cached: Iterable[int] = (256,), repeats: int = 10, warmup: int = 2,
+                       progress: bool = True) -> list[CostRow]:
+    """time(w)/time(1) for every width, batch size and cached length (cells beyond the model's context
+    are left out). w > 1 is a block of w masks, w = 1 an NTP step."""
+    from tqdm.auto import tqdm
+
+    widths = sorted(set(widths) | {1})
+    limit = context_limit(model)
+    cells = [(b, c) for b in batches for c in cached if limit is None or c + 1 <= limit]
+    if not cells:
+        raise SBDError(f"every cached length given exceeds the model's context of {limit}")
+    rows = []
+    for b, c in tqdm(cells, desc="forward cost", unit="cell", disable=not progress):
+        ws = [w for w in widths if limit is None or c + w <= limit]
+        t = time_forwards(model, [Shape(b, w, c) for w in ws], repeats=repeats, warmup=warmup)
+        one = t[Shape(b, 1, c)]
+        rows += [CostRow(b, c, w, 1e3 * t[Shape(b, w, c)], t[Shape(b, w, c)] / one) for w in ws]
+    return rows

@@ -1,0 +1,100 @@
+"""Benchmark results as Markdown, JSON and plots (Agg backend, no display needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def _f(value, fmt: str, none: str = "–") -> str:
+    return none if value is None else format(value, fmt)
+
+
+def bench_markdown(result, command: str | None = None) -> str:
+    """One table per batch size: speed, forwards, exactness, accuracy and the eq.-16 limit."""
+    meta = result.meta
+    lines = ["# sbd bench", ""]
+    if command:
+        lines += [f"Command: `{command}`", ""]
+    lines += [
+        (f"{meta['prompts']} prompts, greedy, max {meta['max_new_tokens']} new tokens; time = median over "
+         f"{meta['repeats']} passes of the summed wall time, methods interleaved batch by batch after an untimed "
+         f"recording pass. Device: {meta['device']} ({meta['processor']}), {meta['threads']} torch threads, "
+         f"{meta['dtype']}, torch {meta['torch']}, transformers {meta['transformers']}; model "
+         f"{meta['model_parameters'] / 1e6:.1f}M parameters."),
+        "",
+        ("Limit: the sum over a run's forwards of each forward's time measured alone (eq. 16 over the forwards "
+         "actually made, prefill included); predicted = NTP loop's limit / the row's limit; share = measured / "
+         "predicted speedup over our NTP loop."),
+        "",
+    ]
+    has_acc = any(r.accuracy is not None for r in result.rows)
+    for b in dict.fromkeys(r.batch_size for r in result.rows):
+        rows = [r for r in result.rows if r.batch_size == b]
+        lines += [f"## Batch size {b}", ""]
+        head = ["decoding", "tokens/s", "vs HF greedy", "NFE", "tokens / forward", "same as greedy"]
+        head += ["accuracy %"] if has_acc else []
+        head += ["vs our NTP", "eq.-16 limit vs NTP", "share of limit"]
+        lines += ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+        for r in rows:
+            same = f"{r.same_as_greedy}/{r.n}" + ("" if r.same_as_greedy == r.n or not r.lossless else " ✗")
+            cells = [r.method, f"{r.tokens_per_second:.0f}", _f(r.speedup_vs_hf, ".2f") + ("x" if r.speedup_vs_hf else ""),
+                     _f(r.nfe, "d"), _f(r.tokens_per_forward, ".2f"), same]
+            cells += [_f(None if r.accuracy is None else 100 * r.accuracy, ".1f")] if has_acc else []
+            cells += [_f(r.measured_vs_ntp, ".2f"), _f(r.predicted_vs_ntp, ".2f"),
+                      _f(None if r.share_of_limit is None else 100 * r.share_of_limit, ".0f") + ("%" if r.share_of_limit else "")]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot_bench(result, path) -> Path:
+    """Left: wall-clock speedup over HF greedy per method and batch size. Right: our rows' measured
+    speedup over the NTP loop next to the eq.-16 limit."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    batches = list(dict.fromkeys(r.batch_size for r in result.rows))
+    names = list(dict.fromkeys(r.method for r in result.rows))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8), dpi=120)
+    width = 0.8 / len(batches)
+    for j, b in enumerate(batches):
+        by = {r.method: r for r in result.rows if r.batch_size == b}
+        xs = [i + j * width for i, n in enumerate(names) if n in by and by[n].speedup_vs_hf is not None]
+        ys = [by[n].speedup_vs_hf for n in names if n in by and by[n].speedup_vs_hf is not None]
+        left.bar(xs, ys, width, label=f"batch {b}")
+    left.axhline(1.0, color="grey", linewidth=0.8)
+    left.set_xticks([i + 0.4 - width / 2 for i in range(len(names))], names, rotation=30, ha="right", fontsize=8)
+    left.set_ylabel("wall-clock speedup over HF greedy (×)")
+    left.legend(fontsize=8)
+    ours = [n for n in names if any(r.method == n and r.predicted_vs_ntp is not None for r in result.rows)]
+    for j, b in enumerate(batches):
+        by = {r.method: r for r in result.rows if r.batch_size == b and r.predicted_vs_ntp is not None}
+        idx = [i for i, n in enumerate(ours) if n in by]
+        right.bar([i + j * width for i in idx], [by[ours[i]].measured_vs_ntp for i in idx], width,
+                  label=f"measured, batch {b}")
+        right.scatter([i + j * width for i in idx], [by[ours[i]].predicted_vs_ntp for i in idx], marker="_", s=300,
+                      color="black", zorder=3, label="eq.-16 limit" if j == 0 else None)
+    right.axhline(1.0, color="grey", linewidth=0.8)
+    right.set_xticks([i + 0.4 - width / 2 for i in range(len(ours))], ours, rotation=30, ha="right", fontsize=8)
+    right.set_ylabel("speedup over our NTP loop (×)")
+    right.legend(fontsize=8)
+    fig.suptitle(f"sbd bench — {result.meta['device']}, {result.meta['dtype']}", fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def write_bench(result, out_dir, command: str | None = None) -> dict[str, Path]:
+    """bench.json, bench.md and bench.png in `out_dir` (created)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "bench.json", "md": out / "bench.md", "png": out / "bench.png"}
+    paths["json"].write_text(json.dumps({**result.to_dict(), "command": command}, indent=1))
+    paths["md"].write_text(bench_markdown(result, command))
+    plot_bench(result, paths["png"])
+    return paths

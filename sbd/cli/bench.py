@@ -1,0 +1,105 @@
+"""`sbd bench`: every way of decoding one model, timed in one process, interleaved; writes bench.json,
+bench.md and bench.png. Arguments are checked before the model is loaded."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+from ..errors import SBDError
+from .args import positive_int as _positive
+from .eval import _argtype, parse_gammas, parse_tasks
+
+DEFAULT_TASKS = "chain_sum,number_sorting,word_sequence_reversal"
+
+
+def parse_sizes(text: str) -> list[int]:
+    """`1,4,8` -> [1, 4, 8]; every entry an integer >= 1."""
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SBDError(f"{text!r} is not a comma-separated list of integers") from None
+    if not sizes or any(s < 1 for s in sizes):
+        raise SBDError(f"{text!r}: give integers >= 1, e.g. 1,4")
+    return sizes
+
+
+def add_bench_parser(sub):
+    p = sub.add_parser(
+        "bench", help="wall-clock of HF generate, prompt-lookup, assisted, NTP, SBD and SBD-verify on one model",
+        description="Time every way of decoding one model on the same prompts in one process: Hugging Face greedy "
+                    "generate, prompt-lookup decoding, assisted decoding (with --assistant), our NTP loop, SBD at each "
+                    "γ and SBD-verify. An untimed pass records outputs and forward shapes (and warms up); then the "
+                    "methods take turns batch by batch for --repeats timed passes; medians are reported. For our "
+                    "loops the eq.-16 limit (the summed time of their forwards, each timed alone) is given with the "
+                    "share of it reached. Writes bench.json, bench.md and bench.png to --out.")
+    p.add_argument("--model", required=True, metavar="PATH", help="local model folder (safetensors), or demo")
+    p.add_argument("--task", type=_argtype(parse_tasks), default=None, metavar="NAME[,NAME]",
+                   help=f"held-out task problems as prompts, scored for accuracy (default: {DEFAULT_TASKS} "
+                        "unless --prompts is given)")
+    p.add_argument("--n", type=_positive, default=10, help="problems per task (default: 10)")
+    p.add_argument("--prompts", metavar="FILE", default=None,
+                   help="text file with one prompt per line, instead of task problems (no accuracy column)")
+    p.add_argument("--methods", default="hf,prompt-lookup,ntp,sbd,sbd-verify", metavar="LIST",
+                   help="comma-separated: hf, prompt-lookup, assisted, ntp, sbd (one row per --gamma), sbd-verify; "
+                        "our NTP loop is always added (default: hf,prompt-lookup,ntp,sbd,sbd-verify)")
+    p.add_argument("--gamma", type=_argtype(parse_gammas), default=[0.35], metavar="LIST",
+                   help="EB-sampler bounds of the SBD rows, e.g. 0,0.35,inf (default: 0.35)")
+    p.add_argument("--block-size", type=_positive, default=16, metavar="K", help="SBD block size (default: 16)")
+    p.add_argument("--batch-size", type=_argtype(parse_sizes), default=[1], metavar="LIST",
+                   help="batch sizes, e.g. 1,4; prompt-lookup and assisted run at batch 1 only (default: 1)")
+    p.add_argument("--assistant", metavar="PATH", default=None,
+                   help="small model with the same tokenizer: adds Hugging Face assisted decoding")
+    p.add_argument("--repeats", type=_positive, default=3, help="timed passes; the median is reported (default: 3)")
+    p.add_argument("--max-new-tokens", type=_positive, default=112, help="generation budget (default: 112)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the held-out problems (default: 0)")
+    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default: cpu)")
+    p.add_argument("--threads", type=_positive, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for bench.json, bench.md, bench.png (created)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def _prompts(args) -> tuple[list[str], list[dict] | None]:
+    if args.prompts:
+        path = Path(args.prompts)
+        if not path.is_file():
+            raise SBDError(f"prompt file {args.prompts!r} does not exist")
+        try:
+            lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
+        except UnicodeDecodeError:
+            raise SBDError(f"prompt file {args.prompts!r} is not UTF-8 text") from None
+        if not lines:
+            raise SBDError(f"prompt file {args.prompts!r} has no prompts")
+        return [ln.replace("\\n", "\n") for ln in lines], None
+    from ..tasks import make_split
+
+    examples = [ex for t in (args.task or parse_tasks(DEFAULT_TASKS)) for ex in make_split(t, "test", args.n, args.seed)]
+    return [ex["prompt"] for ex in examples], examples
+
+
+def cmd_bench(args) -> dict:
+    from ..benchmarking import bench, parse_methods
+    from ..benchmarking.report import bench_markdown, write_bench
+    from ..models.loading import load
+
+    if args.task and args.prompts:
+        raise SBDError("give --task or --prompts, not both")
+    methods = parse_methods(args.methods, args.gamma, args.block_size, args.assistant is not None)
+    prompts, examples = _prompts(args)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    model, tokenizer = load(args.model, device=args.device)
+    assistant = load(args.assistant, device=args.device)[0] if args.assistant else None
+    result = bench(model, tokenizer, prompts, methods, batch_sizes=args.batch_size, repeats=args.repeats,
+                   max_new_tokens=args.max_new_tokens, examples=examples, assistant=assistant,
+                   progress=not args.no_progress)
+    command = shlex.join(["sbd", *sys.argv[2:]]) if sys.argv[1:2] == ["bench"] else None
+    paths = write_bench(result, args.out, command)
+    print(bench_markdown(result))
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+    return paths
