@@ -40,6 +40,7 @@ class LiveRows:
         self.model = model
         self.pad = pad
         self.rows = torch.arange(pad.shape[0], device=pad.device)
+        self.index = list(range(pad.shape[0]))  # the same original row numbers, on the host (no sync to read)
         self.cache = slab_cache(model, capacity)
         self.length = 0
         self.observer = observer
@@ -83,6 +84,7 @@ class LiveRows:
         idx = live.nonzero().squeeze(1)
         select_rows(self.cache, idx)
         self.pad, self.rows, self._key = self.pad[idx], self.rows[idx], None
+        self.index = [self.index[i] for i in idx.tolist()]
         return [t[idx] for t in tensors]
 
 
@@ -143,24 +145,28 @@ def ntp_decode(rows: LiveRows, ids: torch.Tensor, out: FinishedRows, eos: torch.
     last = ids[:, -1:]
     made = torch.empty((ids.shape[0], max_new), dtype=torch.long, device=ids.device)
     checked = [0] * ids.shape[0]  # tokens already searched for stop strings, by original row
+    is_eos = eos_test(eos)
     for t in range(max_new):
         logits = rows.forward(last, n_commit=1, n_logits=1)[:, -1]
-        _check_finite(logits.amax(-1))
         tok = pick_tokens(logits, temperature, gen)
         made[:, t] = tok
-        done = torch.isin(tok, eos) if t + 1 < max_new else torch.ones_like(tok, dtype=torch.bool)
+        done = is_eos(tok) if t + 1 < max_new else torch.ones_like(tok, dtype=torch.bool)
+        # The one host synchronisation of a forward: finite logits, and whether a row stopped.
+        finite, any_done = torch.stack([logits.amax(-1).sum(), done.any()]).tolist()
+        if not math.isfinite(finite):
+            _check_finite(logits.amax(-1))  # raises
         ended = {}
         if out.stop:
-            for i, r in enumerate(rows.rows.tolist()):
+            for i, r in enumerate(rows.index):
                 n = out.stop_length(made[i, : t + 1].tolist(), checked[r])
                 checked[r] = t + 1
                 if n is not None:
                     ended[i] = n
-        if done.any() or ended:
+        if any_done or ended:
             for i in done.nonzero().squeeze(1).tolist():
                 ended.setdefault(i, t + 1)
             for i, n in ended.items():
-                out.finish(int(rows.rows[i]), made[i, :n].tolist(), list(range(1, n + 1)), t + 1)
+                out.finish(rows.index[i], made[i, :n].tolist(), list(range(1, n + 1)), t + 1)
             live = torch.ones_like(done)
             live[list(ended)] = False
             if not live.any():
@@ -189,6 +195,7 @@ def sbd_decode(rows: LiveRows, ids: torch.Tensor, out: FinishedRows, eos: torch.
         when = torch.zeros_like(block)
         live = torch.ones(block.shape[0], dtype=torch.bool, device=ids.device)
         inputs, n_commit = torch.cat([pending, block], dim=1), pending.shape[1]
+        stopped = 0  # rows of this block that stopped (host count: no sync to ask)
         while True:
             logits = rows.forward(inputs, n_commit=n_commit, n_logits=k)
             n_commit = 0
@@ -223,7 +230,7 @@ def sbd_decode(rows: LiveRows, ids: torch.Tensor, out: FinishedRows, eos: torch.
                          for i in hit.nonzero().squeeze(1).tolist()}
             if out.stop:
                 for i in live.nonzero().squeeze(1).tolist():
-                    r = int(rows.rows[i])
+                    r = rows.index[i]
                     upto = produced + int(known[i].sum())
                     seq = torch.cat([made[i, :produced], block[i]]).tolist()[:upto]
                     n = out.stop_length(seq, checked[r])
@@ -233,8 +240,9 @@ def sbd_decode(rows: LiveRows, ids: torch.Tensor, out: FinishedRows, eos: torch.
             for i, n in ended.items():
                 seq = torch.cat([made[i, :produced], block[i]])[:n].tolist()
                 st = torch.cat([steps[i, :produced], when[i]])[:n].tolist()
-                out.finish(int(rows.rows[i]), seq, st, int(nfe[i]))
+                out.finish(rows.index[i], seq, st, int(nfe[i]))
                 live[i] = False
+                stopped += 1
                 masked[i], block[i] = False, mask_id  # a stopped row reveals nothing and holds no EOS
                 left = bool(masked.any())
             if not left:
@@ -245,10 +253,10 @@ def sbd_decode(rows: LiveRows, ids: torch.Tensor, out: FinishedRows, eos: torch.
         produced += k
         if produced >= max_new:
             for i in live.nonzero().squeeze(1).tolist():
-                out.finish(int(rows.rows[i]), made[i].tolist(), steps[i].tolist(), int(nfe[i]))
+                out.finish(rows.index[i], made[i].tolist(), steps[i].tolist(), int(nfe[i]))
             return
-        if not live.all():
-            if not live.any():
+        if stopped:
+            if stopped == len(rows.index):
                 return
             made, steps, nfe, block = rows.keep(live, made, steps, nfe, block)
         pending = block

@@ -24,10 +24,12 @@ live rows; every row's tokens stay exact, only the speed of the faster rows is g
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..sampler import error_proxy, pick_tokens, reveal_from_proxy
-from .loops import FinishedRows, LiveRows, _check_finite
+from .loops import FinishedRows, LiveRows, _check_finite, eos_test
 
 
 def _accept_greedy(ntp_logits: torch.Tensor, draft: torch.Tensor):
@@ -99,6 +101,8 @@ def verify_decode(rows: LiveRows, ids: torch.Tensor, out: FinishedRows, eos: tor
     accepted_log: list[list[int]] = [[] for _ in range(b)]
     produced, nfe = 0, 0
     checked = [0] * b
+    is_eos = eos_test(eos)
+    positions = torch.arange(max_new + block_size + 1, device=device)
     while True:
         room = max(0, max_new - produced - 1)  # a forward yields at most n_draft + 1 tokens
         if draft.shape[1] > room:
@@ -110,13 +114,18 @@ def verify_decode(rows: LiveRows, ids: torch.Tensor, out: FinishedRows, eos: tor
                               n_logits=1 + n_draft + block_size)
         nfe += 1
         ntp_logits, mask_logits = logits[:, : 1 + n_draft], logits[:, 1 + n_draft:]
-        _check_finite(ntp_logits.amax(-1))
         if temperature > 0:
             per_row, tokens = _accept_sampled(ntp_logits, draft, q_draft, temperature, gen)
         else:
             per_row, tokens = _accept_greedy(ntp_logits, draft)
-        a = int(per_row.min())  # common cache length: the shortest accepted prefix over the rows
-        for r in rows.rows.tolist():
+        shortest = per_row.min()  # common cache length: the shortest accepted prefix over the rows
+        hit = is_eos(tokens) & (positions[: 1 + n_draft] <= shortest)  # EOS among the tokens kept
+        # The one host synchronisation of a forward: finite logits, tokens kept, an EOS among them.
+        finite, a, eos_seen = torch.stack([ntp_logits.amax(-1).sum(), shortest, hit.any()]).tolist()
+        if not math.isfinite(finite):
+            _check_finite(ntp_logits.amax(-1))  # raises
+        a = int(a)
+        for r in rows.index:
             accepted_log[r].append(a)
         if a < n_draft:
             rows.drop(n_draft - a)  # the rejected draft leaves the cache
@@ -126,11 +135,11 @@ def verify_decode(rows: LiveRows, ids: torch.Tensor, out: FinishedRows, eos: tor
         start, produced = produced, produced + a + 1
 
         ended = {}
-        hit = torch.isin(new, eos)
-        for i in hit.any(-1).nonzero().squeeze(1).tolist():
-            ended[i] = start + int(hit[i].nonzero()[0]) + 1
+        if eos_seen:
+            for i in hit.any(-1).nonzero().squeeze(1).tolist():
+                ended[i] = start + int(hit[i].nonzero()[0]) + 1
         if out.stop:
-            for i, r in enumerate(rows.rows.tolist()):
+            for i, r in enumerate(rows.index):
                 n = out.stop_length(made[i, :produced].tolist(), checked[r])
                 checked[r] = produced
                 if n is not None and (i not in ended or n < ended[i]):
@@ -139,7 +148,7 @@ def verify_decode(rows: LiveRows, ids: torch.Tensor, out: FinishedRows, eos: tor
             for i in range(head.shape[0]):
                 ended[i] = min(ended.get(i, max_new), max_new)
         for i, n in ended.items():
-            out.finish(int(rows.rows[i]), made[i, :n].tolist(), steps[i, :n].tolist(), nfe)
+            out.finish(rows.index[i], made[i, :n].tolist(), steps[i, :n].tolist(), nfe)
         head = new[:, -1:]
         if ended:  # finished rows leave before the next draft is made
             live = torch.ones(head.shape[0], dtype=torch.bool, device=device)
