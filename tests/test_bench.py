@@ -1,0 +1,107 @@
+"""`sbd bench` at toy size: every method runs, the lossless ones give greedy's tokens, the eq.-16 limit
+is computed from the forwards actually made, and the command writes its three files."""
+
+import json
+import math
+
+import pytest
+
+from sbd import SBDError
+from sbd.benchmarking import Method, Shape, bench, parse_methods, time_forwards
+from sbd.benchmarking.report import bench_markdown, write_bench
+from sbd.cli.main import main
+
+PROMPTS = ["The quick brown fox", "Set block decoding reveals", "12 + 34 = 46. 7"]
+
+
+@pytest.fixture(scope="module")
+def result(request):
+    from conftest import _model, _tokenizer
+
+    model, tok = _model("llama"), _tokenizer()
+    methods = parse_methods("hf,prompt-lookup,assisted,sbd,sbd-verify", [0.0, math.inf], 4, assistant=True)
+    return bench(model, tok, PROMPTS, methods, batch_sizes=(1, 2), repeats=1, max_new_tokens=12, assistant=model,
+                 limit_repeats=1, progress=False)
+
+
+def rows_of(result, batch):
+    return {r.method: r for r in result.rows if r.batch_size == batch}
+
+
+def test_every_method_has_a_row_and_batch_one_only_methods_skip_batches(result):
+    one, two = rows_of(result, 1), rows_of(result, 2)
+    assert len(one) == 7  # hf, prompt-lookup, assisted, our NTP (added), SBD γ=0, SBD γ=inf, SBD-verify
+    assert "sbd NTP loop" in one
+    assert not any(r.kind in ("prompt-lookup", "assisted") for r in two.values())
+
+
+def test_lossless_methods_give_greedy_tokens(result):
+    for r in result.rows:
+        if r.lossless:
+            assert r.same_as_greedy == r.n == len(PROMPTS), r.method
+
+
+def test_counts_and_limits_are_consistent(result):
+    for b in (1, 2):
+        rows = rows_of(result, b)
+        ntp = rows["sbd NTP loop"]
+        assert ntp.nfe == ntp.tokens and ntp.tokens_per_forward == 1.0
+        assert ntp.predicted_vs_ntp == 1.0 and ntp.measured_vs_ntp == 1.0
+        inf_row = next(r for r in rows.values() if r.kind == "sbd" and math.isinf(r.gamma))
+        assert inf_row.nfe <= len(PROMPTS) * math.ceil(12 / 4)  # γ = ∞: one forward per block of 4
+        for r in rows.values():
+            assert r.seconds > 0 and r.tokens_per_second > 0 and r.speedup_vs_hf > 0
+            if r.kind in ("ntp", "sbd", "sbd-verify"):
+                assert r.limit_seconds > 0
+                assert r.share_of_limit == pytest.approx(r.measured_vs_ntp / r.predicted_vs_ntp)
+            else:
+                assert r.nfe is None and r.limit_seconds is None
+
+
+def test_report_files(result, tmp_path):
+    paths = write_bench(result, tmp_path, command="sbd bench --model x")
+    data = json.loads(paths["json"].read_text())
+    assert len(data["rows"]) == len(result.rows) and data["command"] == "sbd bench --model x"
+    md = paths["md"].read_text()
+    assert md.count("## Batch size") == 2 and "SBD-verify, block 4" in md
+    assert paths["png"].stat().st_size > 1000
+    assert bench_markdown(result).startswith("# sbd bench")
+
+
+def test_method_list_mistakes():
+    with pytest.raises(SBDError, match="unknown method"):
+        parse_methods("hf,beam", [0.35], 16, assistant=False)
+    with pytest.raises(SBDError, match="assistant"):
+        parse_methods("assisted", [0.35], 16, assistant=False)
+    with pytest.raises(SBDError, match="γ"):
+        parse_methods("sbd", [], 16, assistant=False)
+    assert parse_methods("sbd", [0.1, 0.35], 8, assistant=False) == [
+        Method("ntp"), Method("sbd", 0.1, 8), Method("sbd", 0.35, 8)]
+
+
+def test_time_forwards_refuses_shapes_beyond_the_context():
+    from conftest import _model
+
+    model = _model("llama")
+    times = time_forwards(model, [Shape(1, 1, 8), Shape(2, 4, 8), Shape(1, 8, 0, 8)], repeats=1, warmup=0)
+    assert len(times) == 3 and all(t > 0 for t in times.values())
+    with pytest.raises(SBDError, match="context"):
+        time_forwards(model, [Shape(1, 16, 510)], repeats=1)
+
+
+def test_command_line(tmp_path, capsys):
+    from sbd.models import tiny
+
+    tiny.create(tmp_path / "m", vocab_size=300, hidden=32, layers=1, heads=2, kv_heads=1, context=128)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("The quick brown fox\n\nSet block decoding\n")
+    out = tmp_path / "bench"
+    code = main(["bench", "--model", str(tmp_path / "m"), "--prompts", str(prompts), "--methods", "hf,ntp,sbd",
+                 "--gamma", "0,inf", "--block-size", "4", "--max-new-tokens", "6", "--repeats", "1",
+                 "--batch-size", "1,2", "--out", str(out), "--no-progress"])
+    assert code == 0
+    assert {p.name for p in out.iterdir()} == {"bench.json", "bench.md", "bench.png"}
+    assert "SBD γ=inf, block 4" in capsys.readouterr().out
+    assert main(["bench", "--model", str(tmp_path / "m"), "--prompts", str(tmp_path / "none.txt"),
+                 "--out", str(out)]) == 2
+    assert "does not exist" in capsys.readouterr().err
