@@ -63,13 +63,17 @@ class Method:
         return self.kind in ("prompt-lookup", "assisted")
 
 
-def parse_methods(text: str, gammas: Sequence[float], block_size: int, assistant: bool) -> list[Method]:
-    """`hf,prompt-lookup,ntp,sbd,sbd-verify` → Methods; `sbd` expands to one row per γ; `assisted` needs
-    an assistant model. Our NTP loop is always included (the predicted speedups are relative to it)."""
+def parse_methods(text: str, gammas: Sequence[float], block_sizes: Sequence[int] | int, assistant: bool) -> list[Method]:
+    """`hf,prompt-lookup,ntp,sbd,sbd-verify` → Methods; `sbd` expands to one row per (block size, γ) and
+    `sbd-verify` to one per block size; `assisted` needs an assistant model. Our NTP loop is always
+    included (the predicted speedups are relative to it)."""
+    sizes = [block_sizes] if isinstance(block_sizes, int) else list(block_sizes)
     names = [t.strip() for t in text.split(",") if t.strip()]
     unknown = [n for n in names if n not in KINDS]
     if unknown or not names:
         raise SBDError(f"unknown method {', '.join(unknown) or '(none)'}; choose from {', '.join(KINDS)}")
+    if not sizes or any(not isinstance(k, int) or k < 1 for k in sizes):
+        raise SBDError("block sizes must be integers >= 1")
     if "assisted" in names and not assistant:
         raise SBDError("method 'assisted' needs an assistant model (--assistant PATH, same tokenizer)")
     if assistant and "assisted" not in names:
@@ -81,9 +85,9 @@ def parse_methods(text: str, gammas: Sequence[float], block_size: int, assistant
         if n == "sbd":
             if not gammas:
                 raise SBDError("method 'sbd' needs at least one γ")
-            methods += [Method("sbd", float(g), block_size) for g in gammas]
+            methods += [Method("sbd", float(g), k) for k in sizes for g in gammas]
         elif n == "sbd-verify":
-            methods.append(Method("sbd-verify", None, block_size))
+            methods += [Method("sbd-verify", None, k) for k in sizes]
         else:
             methods.append(Method(n))
     return methods

@@ -98,3 +98,82 @@ def write_bench(result, out_dir, command: str | None = None) -> dict[str, Path]:
     paths["md"].write_text(bench_markdown(result, command))
     plot_bench(result, paths["png"])
     return paths
+
+
+def forward_cost_markdown(rows, meta: dict, predicted=None) -> str:
+    """One line per (batch, cached): time(w)/time(1) measured (and predicted by the roofline)."""
+    from .roofline import slowdown
+
+    widths = sorted({r.width for r in rows})
+    lines = ["# Forward cost: time(w) / time(1)", ""]
+    if meta.get("command"):
+        lines += [f"Command: `{meta['command']}`", ""]
+    lines += [(f"Model {meta['model']} ({meta['parameters'] / 1e6:.1f}M parameters, {meta['dtype']}) on "
+               f"{meta['device']}, torch {meta['torch']}, {meta['threads']} threads; median of {meta['repeats']} "
+               "rounds after warm-up, widths interleaved. w > 1: a block of w masks; w = 1: an NTP step."), ""]
+    if predicted is not None:
+        hw, shape = predicted
+        lines += [f"Predicted: roofline of {shape.name} on {hw.name} ({hw.flops / 1e12:.0f} TFLOP/s, "
+                  f"{hw.bandwidth / 1e12:.2f} TB/s).", ""]
+    head = ["batch", "cached", "", *[f"w={w}" for w in widths]]
+    lines += ["| " + " | ".join(head) + " |", "|---:|---:|---|" + "---:|" * len(widths)]
+    for b, c in dict.fromkeys((r.batch, r.cached) for r in rows):
+        mine = {r.width: r for r in rows if r.batch == b and r.cached == c}
+        ms = [f"{mine[w].ms:.2f}" if w in mine else "–" for w in widths]
+        ratio = [f"{mine[w].ratio:.3f}" if w in mine else "–" for w in widths]
+        lines.append(f"| {b} | {c} | ms | " + " | ".join(ms) + " |")
+        lines.append(f"| | | measured ×1-token | " + " | ".join(ratio) + " |")
+        if predicted is not None:
+            hw, shape = predicted
+            lines.append("| | | roofline ×1-token | "
+                         + " | ".join(f"{slowdown(shape, hw, b, w, c):.3f}" for w in widths) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_forward_cost(rows, path, title: str, predicted=None) -> Path:
+    """time(w)/time(1) against w (log scale), one line per (batch, cached); roofline dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .roofline import slowdown
+
+    fig, ax = plt.subplots(figsize=(7, 4.8), dpi=120)
+    colors = plt.get_cmap("tab10")
+    for i, (b, c) in enumerate(dict.fromkeys((r.batch, r.cached) for r in rows)):
+        mine = sorted((r for r in rows if r.batch == b and r.cached == c), key=lambda r: r.width)
+        ws = [r.width for r in mine]
+        ax.plot(ws, [r.ratio for r in mine], marker="o", color=colors(i % 10), label=f"measured, batch {b}, cached {c}")
+        if predicted is not None:
+            hw, shape = predicted
+            ax.plot(ws, [slowdown(shape, hw, b, w, c) for w in ws], linestyle="--", color=colors(i % 10),
+                    label=f"roofline, batch {b}, cached {c}")
+    ax.set_xscale("log", base=2)
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xlabel("new tokens per forward (w)")
+    ax.set_ylabel("time(w) / time(1)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def write_forward_cost(rows, out_dir, meta: dict, predicted=None) -> tuple[dict[str, Path], str]:
+    """forward_cost.json, .md and .png in `out_dir` (created); returns the paths and the Markdown."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    text = forward_cost_markdown(rows, meta, predicted)
+    paths = {"json": out / "forward_cost.json", "md": out / "forward_cost.md", "png": out / "forward_cost.png"}
+    record = {"meta": meta, "rows": [r.to_dict() for r in rows]}
+    if predicted is not None:
+        from dataclasses import asdict
+
+        record["roofline"] = {"hardware": asdict(predicted[0]), "model": asdict(predicted[1])}
+    paths["json"].write_text(json.dumps(record, indent=1))
+    paths["md"].write_text(text)
+    plot_forward_cost(rows, paths["png"], f"{meta['model']} on {meta['device']}", predicted)
+    return paths, text

@@ -46,7 +46,9 @@ def add_bench_parser(sub):
                         "our NTP loop is always added (default: hf,prompt-lookup,ntp,sbd,sbd-verify)")
     p.add_argument("--gamma", type=_argtype(parse_gammas), default=[0.35], metavar="LIST",
                    help="EB-sampler bounds of the SBD rows, e.g. 0,0.35,inf (default: 0.35)")
-    p.add_argument("--block-size", type=_positive, default=16, metavar="K", help="SBD block size (default: 16)")
+    p.add_argument("--block-size", type=_argtype(parse_sizes), default=[16], metavar="LIST",
+                   help="SBD block sizes, e.g. 8,16: one SBD row per (block size, γ), one SBD-verify row per "
+                        "block size (default: 16)")
     p.add_argument("--batch-size", type=_argtype(parse_sizes), default=[1], metavar="LIST",
                    help="batch sizes, e.g. 1,4; prompt-lookup and assisted run at batch 1 only (default: 1)")
     p.add_argument("--assistant", metavar="PATH", default=None,
@@ -97,7 +99,7 @@ def cmd_bench(args) -> dict:
     result = bench(model, tokenizer, prompts, methods, batch_sizes=args.batch_size, repeats=args.repeats,
                    max_new_tokens=args.max_new_tokens, examples=examples, assistant=assistant,
                    progress=not args.no_progress)
-    command = shlex.join(["sbd", *sys.argv[2:]]) if sys.argv[1:2] == ["bench"] else None
+    command = shlex.join(["sbd", *sys.argv[1:]]) if sys.argv[1:2] == ["bench"] else None
     paths = write_bench(result, args.out, command)
     print(bench_markdown(result))
     for kind, path in paths.items():

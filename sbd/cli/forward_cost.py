@@ -1,0 +1,106 @@
+"""`sbd forward-cost`: measured time(w)/time(1) per block width, batch size and cached length for any
+model on any device, optionally next to a roofline prediction; writes forward_cost.json/.md/.png."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+from ..errors import SBDError
+from .args import positive_int as _positive
+from .bench import parse_sizes
+from .eval import _argtype
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def parse_counts(text: str) -> list[int]:
+    """`0,256,1024` -> [0, 256, 1024]; every entry an integer >= 0."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SBDError(f"{text!r} is not a comma-separated list of integers") from None
+    if not values or any(v < 0 for v in values):
+        raise SBDError(f"{text!r}: give integers >= 0, e.g. 256,1024")
+    return values
+
+
+def add_forward_cost_parser(sub):
+    from ..benchmarking.presets import SHAPES
+    from ..benchmarking.roofline_presets import HARDWARE
+
+    p = sub.add_parser(
+        "forward-cost", help="measured time of a w-token forward relative to a 1-token forward (and a roofline)",
+        description="Time the forwards SBD makes — w new tokens over a KV cache of a given length — for every "
+                    "width, batch size and cached length, widths interleaved round by round, medians after warm-up. "
+                    "With --hardware, the roofline prediction for the same model shapes is printed and plotted next "
+                    "to the measurement. Writes forward_cost.json, forward_cost.md and forward_cost.png to --out.")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--model", metavar="PATH", help="local model folder (safetensors), or demo")
+    what.add_argument("--shape", choices=sorted(SHAPES),
+                      help="a random-weight Llama with these shapes (time depends on shapes, not weights)")
+    p.add_argument("--widths", type=_argtype(parse_sizes), default=[1, 2, 4, 8, 16, 32, 64], metavar="LIST",
+                   help="new tokens per forward (default: 1,2,4,8,16,32,64)")
+    p.add_argument("--batch-size", type=_argtype(parse_sizes), default=[1], metavar="LIST",
+                   help="batch sizes (default: 1)")
+    p.add_argument("--cached", type=_argtype(parse_counts), default=[256], metavar="LIST",
+                   help="tokens already in the KV cache (default: 256)")
+    p.add_argument("--repeats", type=_positive, default=10, help="timed rounds; medians reported (default: 10)")
+    p.add_argument("--dtype", choices=DTYPES, default=None,
+                   help="weights and compute dtype (default: float32 on CPU, the checkpoint's or bfloat16 elsewhere)")
+    p.add_argument("--hardware", choices=sorted(HARDWARE), default=None,
+                   help="also predict with this roofline preset (peak FLOP/s and memory bandwidth)")
+    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default: cpu)")
+    p.add_argument("--threads", type=_positive, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder for the three files (created)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def cmd_forward_cost(args) -> dict:
+    import torch
+
+    from ..benchmarking.forward_cost import forward_cost_table
+    from ..benchmarking.presets import random_model_like
+    from ..benchmarking.report import write_forward_cost
+    from ..benchmarking.roofline import ModelShape
+    from ..benchmarking.roofline_presets import HARDWARE
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    if args.shape:
+        if dtype is None:
+            dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
+        model, name = random_model_like(args.shape, dtype=dtype, device=args.device), args.shape
+    else:
+        from ..models.loading import load
+
+        model, name = load(args.model, device=args.device, dtype=dtype)[0], str(args.model)
+    rows = forward_cost_table(model, widths=args.widths, batches=args.batch_size, cached=args.cached,
+                              repeats=args.repeats, progress=not args.no_progress)
+    predicted = None
+    if args.hardware:
+        hw = HARDWARE[args.hardware]
+        size = torch.finfo(model.dtype).bits / 8
+        predicted = (hw, ModelShape.from_config(model.config, weight_bytes=size, kv_bytes=size, name=name))
+    command = shlex.join(["sbd", *sys.argv[1:]]) if sys.argv[1:2] == ["forward-cost"] else None
+    meta = {"model": name, "parameters": sum(p.numel() for p in model.parameters()),
+            "dtype": str(model.dtype).replace("torch.", ""), "device": _device_name(model), "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "repeats": args.repeats, "command": command}
+    paths, text = write_forward_cost(rows, args.out, meta, predicted)
+    print(text)
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
+    return paths
+
+
+def _device_name(model) -> str:
+    import platform
+
+    import torch
+
+    device = model.get_input_embeddings().weight.device
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()})"
