@@ -177,3 +177,98 @@ def write_forward_cost(rows, out_dir, meta: dict, predicted=None) -> tuple[dict[
     paths["md"].write_text(text)
     plot_forward_cost(rows, paths["png"], f"{meta['model']} on {meta['device']}", predicted)
     return paths, text
+
+
+ROOFLINE_WIDTHS = (1, 2, 4, 8, 16, 32, 64)
+SPEEDUP_BLOCKS = (8, 16, 32, 64)
+NFE_SPEEDUPS = (2, 4, 8)
+
+
+def _kv_label(c: int) -> str:
+    return f"2^{c.bit_length() - 1}" if c > 0 and c & (c - 1) == 0 else str(c)
+
+
+def write_roofline(shape, hw, batches, cached, out_dir) -> tuple[dict[str, Path], str]:
+    """The paper's Tables 3 and 4 from its printed code and the corrected roofline's same cells."""
+    from functools import partial
+
+    from .roofline import (PAPER_QUIRKS, block_speedup, forward_time, paper_block_speedup, paper_slowdown,
+                           slowdown)
+
+    table3 = {"paper": {}, "corrected": {}}
+    table4 = {"paper": {}, "corrected": {}}
+    for b in batches:
+        for c in cached:
+            key = f"{b}/{c}"
+            table3["paper"][key] = [paper_slowdown(b, w, c) for w in ROOFLINE_WIDTHS]
+            table3["corrected"][key] = [slowdown(shape, hw, b, w, c) for w in ROOFLINE_WIDTHS]
+            for s in NFE_SPEEDUPS:
+                table4["paper"][f"{key}/{s}"] = [paper_block_speedup(b, k, c, s) for k in SPEEDUP_BLOCKS]
+                t = partial(lambda w, b=b, c=c: forward_time(shape, hw, b, w, c))
+                table4["corrected"][f"{key}/{s}"] = [block_speedup(t, k, s) for k in SPEEDUP_BLOCKS]
+    lines = [
+        "# Roofline: what a k-token forward costs against a 1-token forward", "",
+        ("**Paper** = the roofline code printed in arXiv 2509.04185 (Figures 6 and 11), run as printed; it "
+         "reproduces every cell of the paper's Tables 3 and 4. Its quirks:"), "",
+        *[f"- {q}" for q in PAPER_QUIRKS], "",
+        (f"**Corrected** = every layer of {shape.name} (q, k, v, o, gate, up, down, attention over cache + new "
+         f"tokens, output layer), each kernel max(bytes / bandwidth, FLOPs / peak), on {hw.name} "
+         f"({hw.flops / 1e12:.0f} TFLOP/s linear, {hw.attention_flops / 1e12:.0f} attention, "
+         f"{hw.bandwidth / 1e12:.2f} TB/s)."), "",
+        "## Table 3: slowdown time(k) / time(1)", "",
+    ]
+    for b in batches:
+        lines += [f"### batch {b}", "", "| KV length | model | " + " | ".join(f"k={w}" for w in ROOFLINE_WIDTHS) + " |",
+                  "|---|---|" + "---:|" * len(ROOFLINE_WIDTHS)]
+        for c in cached:
+            for which in ("paper", "corrected"):
+                cells = " | ".join(f"{v:.3f}" for v in table3[which][f"{b}/{c}"])
+                lines.append(f"| {_kv_label(c) if which == 'paper' else ''} | {which} | {cells} |")
+        lines.append("")
+    lines += ["## Table 4: wall-clock speedup over NTP (eq. 16) at a given NFE speedup", ""]
+    for s in NFE_SPEEDUPS:
+        for b in batches:
+            lines += [f"### NFE speedup {s}, batch {b}", "",
+                      "| KV length | model | " + " | ".join(f"k={k}" for k in SPEEDUP_BLOCKS) + " |",
+                      "|---|---|" + "---:|" * len(SPEEDUP_BLOCKS)]
+            for c in cached:
+                for which in ("paper", "corrected"):
+                    cells = " | ".join(f"{v:.3f}" for v in table4[which][f"{b}/{c}/{s}"])
+                    lines.append(f"| {_kv_label(c) if which == 'paper' else ''} | {which} | {cells} |")
+            lines.append("")
+    text = "\n".join(lines)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    from dataclasses import asdict
+
+    paths = {"md": out / "roofline.md", "json": out / "roofline.json", "png": out / "roofline.png"}
+    paths["md"].write_text(text + "\n")
+    paths["json"].write_text(json.dumps({"hardware": asdict(hw), "model": asdict(shape), "widths": ROOFLINE_WIDTHS,
+                                         "blocks": SPEEDUP_BLOCKS, "table3": table3, "table4": table4}, indent=1))
+    _plot_roofline(table3, batches, cached, paths["png"], f"{shape.name} on {hw.name}")
+    return paths, text
+
+
+def _plot_roofline(table3, batches, cached, path, title) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    c = 256 if 256 in cached else cached[0]
+    fig, ax = plt.subplots(figsize=(7, 4.8), dpi=120)
+    colors = plt.get_cmap("tab10")
+    for i, b in enumerate(batches):
+        ax.plot(ROOFLINE_WIDTHS, table3["paper"][f"{b}/{c}"], linestyle="--", marker="x", color=colors(i),
+                label=f"paper's code, batch {b}")
+        ax.plot(ROOFLINE_WIDTHS, table3["corrected"][f"{b}/{c}"], marker="o", color=colors(i),
+                label=f"corrected, batch {b}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("tokens per forward (k)")
+    ax.set_ylabel(f"time(k) / time(1), KV length {c}")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return Path(path)

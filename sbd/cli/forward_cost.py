@@ -48,8 +48,9 @@ def add_forward_cost_parser(sub):
     p.add_argument("--repeats", type=_positive, default=10, help="timed rounds; medians reported (default: 10)")
     p.add_argument("--dtype", choices=DTYPES, default=None,
                    help="weights and compute dtype (default: float32 on CPU, the checkpoint's or bfloat16 elsewhere)")
-    p.add_argument("--hardware", choices=sorted(HARDWARE), default=None,
-                   help="also predict with this roofline preset (peak FLOP/s and memory bandwidth)")
+    p.add_argument("--hardware", choices=[*sorted(HARDWARE), "measured"], default=None,
+                   help="also predict with the roofline of this hardware preset, or of this machine's measured matmul "
+                        "FLOP/s and copy bandwidth (measured)")
     p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default: cpu)")
     p.add_argument("--threads", type=_positive, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for the three files (created)")
@@ -81,7 +82,12 @@ def cmd_forward_cost(args) -> dict:
                               repeats=args.repeats, progress=not args.no_progress)
     predicted = None
     if args.hardware:
-        hw = HARDWARE[args.hardware]
+        if args.hardware == "measured":
+            from ..benchmarking.hardware import measure_hardware
+
+            hw = measure_hardware(args.device, model.dtype)
+        else:
+            hw = HARDWARE[args.hardware]
         size = torch.finfo(model.dtype).bits / 8
         predicted = (hw, ModelShape.from_config(model.config, weight_bytes=size, kv_bytes=size, name=name))
     command = shlex.join(["sbd", *sys.argv[1:]]) if sys.argv[1:2] == ["forward-cost"] else None

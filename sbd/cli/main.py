@@ -10,6 +10,7 @@ from .args import gamma_value as _gamma
 from .args import positive_int as _positive
 from .bench import add_bench_parser, cmd_bench
 from .forward_cost import add_forward_cost_parser, cmd_forward_cost
+from .roofline import add_roofline_parser, cmd_roofline
 from .convergence import add_convergence_parser, cmd_convergence
 from .demo import add_demo_parser, cmd_demo
 from .eval import add_eval_parser, cmd_eval
@@ -74,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_demo_parser(sub)
     add_bench_parser(sub)
     add_forward_cost_parser(sub)
+    add_roofline_parser(sub)
     return parser
 
 
@@ -147,7 +149,7 @@ def main(argv=None) -> int:
     hf_logging.disable_progress_bar()  # ours show progress; theirs would print one bar per file written
     try:
         {"init": cmd_init, "generate": cmd_generate, "train": cmd_train, "eval": cmd_eval,
-         "experiment": cmd_experiment, "demo": cmd_demo, "bench": cmd_bench, "forward-cost": cmd_forward_cost, "convergence": cmd_convergence}[args.command](args)
+         "experiment": cmd_experiment, "demo": cmd_demo, "bench": cmd_bench, "forward-cost": cmd_forward_cost, "roofline": cmd_roofline, "convergence": cmd_convergence}[args.command](args)
     except SBDError as e:
         print(f"sbd: error: {e}", file=sys.stderr)
         return 2
