@@ -113,8 +113,8 @@ def forward_cost_markdown(rows, meta: dict, predicted=None) -> str:
                "rounds after warm-up, widths interleaved. w > 1: a block of w masks; w = 1: an NTP step."), ""]
     if predicted is not None:
         hw, shape = predicted
-        lines += [f"Predicted: roofline of {shape.name} on {hw.name} ({hw.flops / 1e12:.0f} TFLOP/s, "
-                  f"{hw.bandwidth / 1e12:.2f} TB/s).", ""]
+        lines += [f"Predicted: roofline of {shape.name} on {hw.name} ({hw.flops / 1e9:,.0f} GFLOP/s, "
+                  f"{hw.bandwidth / 1e9:,.1f} GB/s).", ""]
     head = ["batch", "cached", "", *[f"w={w}" for w in widths]]
     lines += ["| " + " | ".join(head) + " |", "|---:|---:|---|" + "---:|" * len(widths)]
     for b, c in dict.fromkeys((r.batch, r.cached) for r in rows):

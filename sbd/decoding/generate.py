@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -60,6 +61,19 @@ class GenerationResult:
     @property
     def tokens_per_second(self) -> float:
         return self.num_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+_COMPILED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def compiled(model):
+    """The model's forward through `torch.compile`, made once per model: fixed shapes (dynamic=False);
+    on CUDA "reduce-overhead", i.e. captured as CUDA graphs and replayed."""
+    if model not in _COMPILED:
+        device = model.get_input_embeddings().weight.device
+        mode = "reduce-overhead" if device.type == "cuda" else None
+        _COMPILED[model] = torch.compile(model, dynamic=False, mode=mode)
+    return _COMPILED[model]
 
 
 def default_eos_ids(model, tokenizer) -> list[int]:
@@ -151,6 +165,8 @@ def generate(
     eos_token_ids: Sequence[int] | None = None,
     observer: Callable[[ForwardRecord], None] | None = None,
     draft: str = "block",
+    static_shapes: bool = False,
+    compile: bool = False,
 ) -> GenerationResult:
     """Decode `prompts` with NTP, SBD or SBD with verified drafts. Every row stops on its own.
 
@@ -165,6 +181,10 @@ def generate(
 
     eos_token_ids: defaults to the tokenizer's and generation config's EOS; `[]` decodes to the budget.
     observer: called after every model forward with a `ForwardRecord` (tests use it to recompute).
+    static_shapes: pad every decoding forward to one of a few fixed widths (NTP 1; SBD k and 2k) over a
+    cache of fixed size, so that its shapes never change (same tokens, a little more work per forward).
+    compile: run those forwards through `torch.compile` (CUDA: with CUDA graphs); implies static_shapes.
+    The first call per model and width compiles (seconds to minutes); later calls reuse it.
     """
     _validate(model, method, block_size, gamma, proxy, max_new_tokens, temperature, stop, draft)
     prompt_ids = encode_prompts(tokenizer, prompts)
@@ -193,19 +213,21 @@ def generate(
         ids[i, longest - len(p):] = torch.tensor(p, dtype=torch.long)
     pad = longest - lengths
     out = FinishedRows(len(prompt_ids), tokenizer, stop or [])
+    k = min(block_size, max_new_tokens)
+    widths = () if not (static_shapes or compile) else (1,) if method == "ntp" else (k, 2 * k)
+    static = dict(static_widths=widths, call=compiled(model) if compile else None)
     with eval_mode(model), torch.inference_mode():
         accepted = []
         if method == "ntp":
-            rows = LiveRows(model, pad, longest + max_new_tokens, observer)
+            rows = LiveRows(model, pad, longest + max_new_tokens, observer, **static)
             ntp_decode(rows, ids, out, eos, max_new_tokens, temperature, gen)
         elif method == "sbd-verify":
-            rows = LiveRows(model, pad, longest + max_new_tokens + 2 * block_size, observer)
+            rows = LiveRows(model, pad, longest + max_new_tokens + 2 * block_size, observer, **static)
             accepted = verify_decode(rows, ids, out, eos, max_new_tokens, block_size,
                                      int(model.config.sbd_mask_token_id), temperature, gen,
                                      float(gamma) if draft == "eb" else None, proxy)
         else:
-            k = min(block_size, max_new_tokens)
-            rows = LiveRows(model, pad, longest + max_new_tokens + k, observer)
+            rows = LiveRows(model, pad, longest + max_new_tokens + k, observer, **static)
             sbd_decode(rows, ids, out, eos, max_new_tokens, k, float(gamma), proxy,
                        int(model.config.sbd_mask_token_id), temperature, gen)
     seconds = time.perf_counter() - start

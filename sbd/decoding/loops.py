@@ -17,7 +17,7 @@ import torch
 from ..errors import SBDError
 from ..masks import inference_mask
 from ..sampler import entropy_and_argmax, error_proxy, pick_tokens, reveal_from_proxy
-from .cache import crop, select_rows, slab_cache
+from .cache import crop, select_rows, set_writes, slab_cache
 
 
 @dataclass
@@ -34,31 +34,50 @@ class ForwardRecord:
 
 
 class LiveRows:
-    """The rows still being decoded: their cache, left padding and original indices."""
+    """The rows still being decoded: their cache, left padding and original indices.
 
-    def __init__(self, model, pad: torch.Tensor, capacity: int, observer=None):
+    static_widths: when given, every forward of width q ≤ max(static_widths) is padded with dead tokens
+    to the smallest listed width ≥ q and runs over the whole (static) cache, so that a forward's shapes
+    never change: `call` (e.g. a compiled model) then sees a handful of shapes only. Dead tokens see only
+    themselves and nobody sees them, so the logits are those of the unpadded forward.
+    """
+
+    def __init__(self, model, pad: torch.Tensor, capacity: int, observer=None, static_widths=(), call=None):
         self.model = model
         self.pad = pad
         self.rows = torch.arange(pad.shape[0], device=pad.device)
         self.index = list(range(pad.shape[0]))  # the same original row numbers, on the host (no sync to read)
-        self.cache = slab_cache(model, capacity)
+        self.static_widths = sorted(static_widths)
+        self.capacity = capacity + (self.static_widths[-1] if self.static_widths else 0)
+        self.cache = slab_cache(model, self.capacity, static=bool(self.static_widths))
         self.length = 0
         self.observer = observer
+        self.call = call or model
         self.keep_kw = "logits_to_keep" in inspect.signature(model.forward).parameters
         self._key = None
+
+    def _static_width(self, q: int) -> int | None:
+        return next((w for w in self.static_widths if w >= q), None)
 
     def forward(self, tokens: torch.Tensor, n_commit: int, n_logits: int) -> torch.Tensor:
         """Feed `tokens` (B, q): the first `n_commit` causally (kept in the cache), the rest as one
         bidirectional block (scratch, dropped after the call). Returns the last `n_logits` logits."""
         q = tokens.shape[1]
-        key = (self.length, n_commit, q)
+        width = self._static_width(q) if self.static_widths else None
+        key = (self.length, n_commit, q, width)
         if key != self._key:  # the forwards inside a block share positions and mask: build them once
-            pos = (self.length + torch.arange(q, device=tokens.device))[None] - self.pad[:, None]
-            self._pos, self._mask = pos.clamp_min(0), inference_mask(self.pad, self.length, n_commit, q - n_commit)
+            self._build(n_commit, q, width)
             self._key = key
         pos, mask = self._pos, self._mask
-        kw = {"logits_to_keep": n_logits} if self.keep_kw else {}
-        out = self.model(
+        call = self.model
+        if self.static_widths:
+            set_writes(self.cache, self._writes, self.length + (width or q))
+            if width is not None:
+                tokens = torch.nn.functional.pad(tokens, (0, width - q), value=0)
+                call = self.call
+        keep = n_logits + (width - q if width is not None else 0)
+        kw = {"logits_to_keep": keep} if self.keep_kw else {}
+        out = call(
             input_ids=tokens,
             position_ids=pos,
             attention_mask=mask,
@@ -66,12 +85,28 @@ class LiveRows:
             use_cache=True,
             **kw,
         )
-        logits = out.logits[:, -n_logits:]
-        crop(self.cache, q - n_commit)
+        logits = out.logits[:, -keep:][:, :n_logits]
+        if self.static_widths:
+            set_writes(self.cache, self._writes, self.length + n_commit)
+        else:
+            crop(self.cache, q - n_commit)
         self.length += n_commit
         if self.observer is not None:
             self.observer(ForwardRecord(tokens, pos, mask, logits, n_commit, self.cache, self.rows))
         return logits
+
+    def _build(self, n_commit: int, q: int, width: int | None) -> None:
+        device = self.pad.device
+        pos = (self.length + torch.arange(width or q, device=device))[None] - self.pad[:, None]
+        mask = inference_mask(self.pad, self.length, n_commit, q - n_commit)
+        if self.static_widths:  # the whole cache is visible in shape; unwritten entries are hidden
+            full = torch.zeros((mask.shape[0], 1, width or q, self.capacity), dtype=torch.bool, device=device)
+            full[:, :, :q, : self.length + q] = mask
+            dead = torch.arange(q, width or q, device=device)
+            full[:, :, dead, self.length + dead] = True  # a dead token sees itself only
+            mask = full
+            self._writes = self.length + torch.arange(width or q, device=device)
+        self._pos, self._mask = pos.clamp_min(0), mask
 
     def drop(self, n: int) -> None:
         """Take the last `n` committed tokens out of the cache again (a rejected draft)."""
