@@ -3,6 +3,7 @@
 path, alone and in ragged batches whose rows stop at different times."""
 
 import math
+import shutil
 
 import pytest
 import torch
@@ -45,3 +46,27 @@ def test_static_logits_equal_dynamic_logits(llama):
     assert len(got[True]) == len(got[False])
     for a, b in zip(got[False], got[True]):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")),
+                    reason="torch.compile on CPU needs a C++ compiler")
+def test_compiled_decoding_gives_the_same_tokens():
+    """compile=True (torch.compile over the static shapes) on a one-layer model: same tokens as eager,
+    and a second call reuses the compiled forwards (no recompilation for a new prompt)."""
+    from sbd.models import tiny
+
+    cfg = tiny.tiny_config("llama", vocab_size=64, hidden=32, layers=1, heads=2, kv_heads=1, context=256)
+    model = tiny.random_model(cfg, seed=3, logit_scale=150.0)
+    model.config.sbd_mask_token_id = 63
+    prompts = random_prompts(2, 60, lengths=(5, 9))
+    torch._dynamo.reset()
+    for method in ("ntp", "sbd-verify"):
+        eager = sbd.generate(model, None, prompts[:1], method=method, block_size=4, max_new_tokens=12, eos_token_ids=[])
+        fast = sbd.generate(model, None, prompts[:1], method=method, block_size=4, max_new_tokens=12, eos_token_ids=[],
+                            compile=True)
+        assert fast.token_ids == eager.token_ids and fast.nfe == eager.nfe
+    counters = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    again = sbd.generate(model, None, prompts[1:], method="ntp", max_new_tokens=12, eos_token_ids=[], compile=True)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == counters
+    assert again.token_ids == sbd.generate(model, None, prompts[1:], method="ntp", max_new_tokens=12,
+                                           eos_token_ids=[]).token_ids

@@ -38,9 +38,14 @@ class Method:
     kind: str
     gamma: float | None = None  # sbd only
     block_size: int | None = None  # sbd and sbd-verify
+    compiled: bool = False  # our loops through torch.compile on static shapes
 
     @property
     def name(self) -> str:
+        return self._base_name + (", compiled" if self.compiled else "")
+
+    @property
+    def _base_name(self) -> str:
         if self.kind == "sbd":
             return f"SBD γ={self.gamma:g}, block {self.block_size}"
         if self.kind == "sbd-verify":
@@ -63,10 +68,11 @@ class Method:
         return self.kind in ("prompt-lookup", "assisted")
 
 
-def parse_methods(text: str, gammas: Sequence[float], block_sizes: Sequence[int] | int, assistant: bool) -> list[Method]:
+def parse_methods(text: str, gammas: Sequence[float], block_sizes: Sequence[int] | int, assistant: bool,
+                  compiled: bool = False) -> list[Method]:
     """`hf,prompt-lookup,ntp,sbd,sbd-verify` → Methods; `sbd` expands to one row per (block size, γ) and
     `sbd-verify` to one per block size; `assisted` needs an assistant model. Our NTP loop is always
-    included (the predicted speedups are relative to it)."""
+    included (the predicted speedups are relative to it). compiled: each of our rows again, compiled."""
     sizes = [block_sizes] if isinstance(block_sizes, int) else list(block_sizes)
     names = [t.strip() for t in text.split(",") if t.strip()]
     unknown = [n for n in names if n not in KINDS]
@@ -90,6 +96,8 @@ def parse_methods(text: str, gammas: Sequence[float], block_sizes: Sequence[int]
             methods += [Method("sbd-verify", None, k) for k in sizes]
         else:
             methods.append(Method(n))
+    if compiled:
+        methods += [Method(m.kind, m.gamma, m.block_size, True) for m in methods if m.ours]
     return methods
 
 
@@ -183,7 +191,7 @@ def _run(method: Method, model, tokenizer, batch, max_new, eos, assistant, recor
     if method.block_size is not None:
         kw["block_size"] = method.block_size
     r = generate(model, tokenizer, batch, method=method.kind, max_new_tokens=max_new, eos_token_ids=eos,
-                 observer=observe if record is not None else None, **kw)
+                 observer=observe if record is not None else None, compile=method.compiled, **kw)
     return r.token_ids, r.nfe
 
 
@@ -272,6 +280,7 @@ def bench(model, tokenizer, prompts: Sequence, methods: Sequence[Method], *, bat
 
 def _limits(model, runs: dict, repeats: int) -> dict:
     """Per method: the summed standalone time of the forwards it made (None for Hugging Face rows)."""
+    runs = {m: run for m, run in runs.items() if not m.compiled}  # forwards are timed eagerly
     shapes = {_bucket(s) for run in runs.values() for s in run.forwards}
     if not shapes:
         return {}
@@ -305,6 +314,7 @@ def _rows(methods, b, runs, seconds, limits, examples, tokenizer) -> list[BenchR
         )
         if m.ours:
             row.measured_vs_ntp = med[ntp] / med[m]
+        if m.ours and not m.compiled:
             row.limit_seconds = limits[m]
             row.predicted_vs_ntp = limits[ntp] / limits[m]
             row.share_of_limit = row.measured_vs_ntp / row.predicted_vs_ntp

@@ -53,6 +53,9 @@ def add_bench_parser(sub):
                    help="batch sizes, e.g. 1,4; prompt-lookup and assisted run at batch 1 only (default: 1)")
     p.add_argument("--assistant", metavar="PATH", default=None,
                    help="small model with the same tokenizer: adds Hugging Face assisted decoding")
+    p.add_argument("--compile", action="store_true",
+                   help="also run each of our rows through torch.compile on static shapes (CUDA: CUDA graphs); "
+                        "the first calls compile (seconds to minutes), the timed passes reuse it")
     p.add_argument("--repeats", type=_positive, default=3, help="timed passes; the median is reported (default: 3)")
     p.add_argument("--max-new-tokens", type=_positive, default=112, help="generation budget (default: 112)")
     p.add_argument("--seed", type=int, default=0, help="seed of the held-out problems (default: 0)")
@@ -88,7 +91,7 @@ def cmd_bench(args) -> dict:
 
     if args.task and args.prompts:
         raise SBDError("give --task or --prompts, not both")
-    methods = parse_methods(args.methods, args.gamma, args.block_size, args.assistant is not None)
+    methods = parse_methods(args.methods, args.gamma, args.block_size, args.assistant is not None, args.compile)
     prompts, examples = _prompts(args)
     if args.threads:
         import torch

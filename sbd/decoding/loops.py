@@ -33,6 +33,9 @@ class ForwardRecord:
     rows: torch.Tensor
 
 
+STATIC_CAPACITY_STEP = 256
+
+
 class LiveRows:
     """The rows still being decoded: their cache, left padding and original indices.
 
@@ -48,11 +51,13 @@ class LiveRows:
         self.rows = torch.arange(pad.shape[0], device=pad.device)
         self.index = list(range(pad.shape[0]))  # the same original row numbers, on the host (no sync to read)
         self.static_widths = sorted(static_widths)
-        self.capacity = capacity + (self.static_widths[-1] if self.static_widths else 0)
+        self.capacity = capacity
+        if self.static_widths:  # room for the padding; a multiple of 256, so that calls share shapes
+            self.capacity = -(-(capacity + self.static_widths[-1]) // STATIC_CAPACITY_STEP) * STATIC_CAPACITY_STEP
         self.cache = slab_cache(model, self.capacity, static=bool(self.static_widths))
         self.length = 0
         self.observer = observer
-        self.call = call or model
+        self.call = model if call is None else call
         self.keep_kw = "logits_to_keep" in inspect.signature(model.forward).parameters
         self._key = None
 
@@ -73,8 +78,11 @@ class LiveRows:
         if self.static_widths:
             set_writes(self.cache, self._writes, self.length + (width or q))
             if width is not None:
-                tokens = torch.nn.functional.pad(tokens, (0, width - q), value=0)
-                call = self.call
+                padded = tokens.new_zeros((tokens.shape[0], width))  # fresh and contiguous: same strides
+                padded[:, :q] = tokens
+                tokens = padded
+                if self.length:  # the first forward (prefill) runs eagerly: it allocates the cache
+                    call = self.call
         keep = n_logits + (width - q if width is not None else 0)
         kw = {"logits_to_keep": keep} if self.keep_kw else {}
         out = call(
