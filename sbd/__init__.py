@@ -4,11 +4,12 @@ Where things live (imports point one way, down this list):
   sbd.cli          the `sbd` command: parsing and printing only
   sbd.experiment   the small-scale paper experiment (calls training.run and evaluation)
   sbd.evaluation   accuracy / NFE / wall-clock of decoding; the teacher-forced convergence check
+  sbd.benchmarking sbd bench, forward-cost timing, the roofline (the paper's and a corrected one)
   sbd.training     the SBD recipe: collator, loss, SBDTrainer, `train(TrainConfig)`
   sbd.decoding     `generate`, the NTP and SBD loops, the KV cache
   sbd.models       `load`, the conformance probe, `add_mask_token`, tiny random models
   sbd.tasks        seeded reasoning tasks with worked solutions and their scorers
-  sbd.sampler, sbd.masks   the EB rule and the attention masks (the method's two rules)
+  sbd.sampler, sbd.masks   the EB rule and the attention masks (the method's two rules); sbd.modes
 """
 
 from . import masks, sampler

@@ -122,7 +122,7 @@ def forward_cost_markdown(rows, meta: dict, predicted=None) -> str:
         ms = [f"{mine[w].ms:.2f}" if w in mine else "–" for w in widths]
         ratio = [f"{mine[w].ratio:.3f}" if w in mine else "–" for w in widths]
         lines.append(f"| {b} | {c} | ms | " + " | ".join(ms) + " |")
-        lines.append(f"| | | measured ×1-token | " + " | ".join(ratio) + " |")
+        lines.append("| | | measured ×1-token | " + " | ".join(ratio) + " |")
         if predicted is not None:
             hw, shape = predicted
             lines.append("| | | roofline ×1-token | "
@@ -188,6 +188,17 @@ def _kv_label(c: int) -> str:
     return f"2^{c.bit_length() - 1}" if c > 0 and c & (c - 1) == 0 else str(c)
 
 
+def _paper_vs_corrected(title, name, columns, table, cached, key) -> list[str]:
+    """A Markdown table with one paper row and one corrected row per KV length."""
+    lines = [title, "", "| KV length | model | " + " | ".join(f"{name}={v}" for v in columns) + " |",
+             "|---|---|" + "---:|" * len(columns)]
+    for c in cached:
+        for which in ("paper", "corrected"):
+            cells = " | ".join(f"{v:.3f}" for v in table[which][key.format(c=c)])
+            lines.append(f"| {_kv_label(c) if which == 'paper' else ''} | {which} | {cells} |")
+    return lines + [""]
+
+
 def write_roofline(shape, hw, batches, cached, out_dir) -> tuple[dict[str, Path], str]:
     """The paper's Tables 3 and 4 from its printed code and the corrected roofline's same cells."""
     from functools import partial
@@ -218,24 +229,12 @@ def write_roofline(shape, hw, batches, cached, out_dir) -> tuple[dict[str, Path]
         "## Table 3: slowdown time(k) / time(1)", "",
     ]
     for b in batches:
-        lines += [f"### batch {b}", "", "| KV length | model | " + " | ".join(f"k={w}" for w in ROOFLINE_WIDTHS) + " |",
-                  "|---|---|" + "---:|" * len(ROOFLINE_WIDTHS)]
-        for c in cached:
-            for which in ("paper", "corrected"):
-                cells = " | ".join(f"{v:.3f}" for v in table3[which][f"{b}/{c}"])
-                lines.append(f"| {_kv_label(c) if which == 'paper' else ''} | {which} | {cells} |")
-        lines.append("")
+        lines += _paper_vs_corrected(f"### batch {b}", "k", ROOFLINE_WIDTHS, table3, cached, f"{b}/{{c}}")
     lines += ["## Table 4: wall-clock speedup over NTP (eq. 16) at a given NFE speedup", ""]
     for s in NFE_SPEEDUPS:
         for b in batches:
-            lines += [f"### NFE speedup {s}, batch {b}", "",
-                      "| KV length | model | " + " | ".join(f"k={k}" for k in SPEEDUP_BLOCKS) + " |",
-                      "|---|---|" + "---:|" * len(SPEEDUP_BLOCKS)]
-            for c in cached:
-                for which in ("paper", "corrected"):
-                    cells = " | ".join(f"{v:.3f}" for v in table4[which][f"{b}/{c}/{s}"])
-                    lines.append(f"| {_kv_label(c) if which == 'paper' else ''} | {which} | {cells} |")
-            lines.append("")
+            lines += _paper_vs_corrected(f"### NFE speedup {s}, batch {b}", "k", SPEEDUP_BLOCKS, table4, cached,
+                                         f"{b}/{{c}}/{s}")
     text = "\n".join(lines)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

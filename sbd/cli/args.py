@@ -30,6 +30,19 @@ def gamma_value(text: str) -> float:
     return value
 
 
+def int_list(text: str, minimum: int = 1) -> list[int]:
+    """`1,4,8` -> [1, 4, 8]; every entry an integer >= minimum (SBDError otherwise)."""
+    from ..errors import SBDError
+
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SBDError(f"{text!r} is not a comma-separated list of integers") from None
+    if not values or any(v < minimum for v in values):
+        raise SBDError(f"{text!r}: give integers >= {minimum}, e.g. {minimum},{minimum + 4}")
+    return values
+
+
 def add_config_options(parser: argparse.ArgumentParser, cls) -> None:
     """One option per field of the dataclass `cls`; a bool field defaulting to True becomes `--no-NAME`."""
     hints = typing.get_type_hints(cls)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ..errors import SBDError
+from .args import int_list
 from .args import positive_int as _positive
 from .eval import _argtype, parse_gammas, parse_tasks
 
@@ -16,13 +17,7 @@ DEFAULT_TASKS = "chain_sum,number_sorting,word_sequence_reversal"
 
 def parse_sizes(text: str) -> list[int]:
     """`1,4,8` -> [1, 4, 8]; every entry an integer >= 1."""
-    try:
-        sizes = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise SBDError(f"{text!r} is not a comma-separated list of integers") from None
-    if not sizes or any(s < 1 for s in sizes):
-        raise SBDError(f"{text!r}: give integers >= 1, e.g. 1,4")
-    return sizes
+    return int_list(text, 1)
 
 
 def add_bench_parser(sub):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 import sys
 
-from ..errors import SBDError
+from .args import int_list
 from .args import positive_int as _positive
 from .bench import parse_sizes
 from .eval import _argtype
@@ -16,13 +16,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 def parse_counts(text: str) -> list[int]:
     """`0,256,1024` -> [0, 256, 1024]; every entry an integer >= 0."""
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise SBDError(f"{text!r} is not a comma-separated list of integers") from None
-    if not values or any(v < 0 for v in values):
-        raise SBDError(f"{text!r}: give integers >= 0, e.g. 256,1024")
-    return values
+    return int_list(text, 0)
 
 
 def add_forward_cost_parser(sub):
