@@ -22,7 +22,7 @@ from typing import Sequence
 
 import torch
 
-from ..decoding.generate import default_eos_ids, generate
+from ..decoding.generate import default_eos_ids, encode_prompts, generate
 from ..errors import SBDError
 from ..modes import eval_mode
 from .forward_cost import Shape, _sync, time_forwards
@@ -221,16 +221,17 @@ def _check_inputs(model, tokenizer, prompts, methods, batch_sizes, repeats, max_
 
 def bench(model, tokenizer, prompts: Sequence, methods: Sequence[Method], *, batch_sizes: Sequence[int] = (1,),
           repeats: int = 3, max_new_tokens: int = 128, examples: Sequence[dict] | None = None, assistant=None,
-          limit_repeats: int = 5, progress: bool = True) -> BenchResult:
+          limit_repeats: int = 5, progress: bool = True, chat: bool = False) -> BenchResult:
     """Time every method on the same prompts; see the module docstring for what is measured.
 
     prompts: strings or token-id lists. examples: task problems ({task, entry}) aligned with the prompts,
     to score accuracy. assistant: a small model with the same tokenizer, for assisted decoding.
+    chat: string prompts go through the tokenizer's chat template (every method sees the same ids).
     """
     from tqdm.auto import tqdm
 
     _check_inputs(model, tokenizer, prompts, methods, batch_sizes, repeats, max_new_tokens, assistant)
-    prompt_ids = [tokenizer(p).input_ids if isinstance(p, str) else list(p) for p in prompts]
+    prompt_ids = encode_prompts(tokenizer, list(prompts), chat)
     eos = default_eos_ids(model, tokenizer)
     device = model.get_input_embeddings().weight.device
     rows: list[BenchRow] = []

@@ -51,6 +51,8 @@ def add_bench_parser(sub):
     p.add_argument("--compile", action="store_true",
                    help="also run each of our rows through torch.compile on static shapes (CUDA: CUDA graphs); "
                         "the first calls compile (seconds to minutes), the timed passes reuse it")
+    p.add_argument("--chat", action="store_true",
+                   help="put each prompt through the tokenizer's chat template as a user message (instruct models)")
     p.add_argument("--repeats", type=_positive, default=3, help="timed passes; the median is reported (default: 3)")
     p.add_argument("--max-new-tokens", type=_positive, default=112, help="generation budget (default: 112)")
     p.add_argument("--seed", type=int, default=0, help="seed of the held-out problems (default: 0)")
@@ -96,7 +98,7 @@ def cmd_bench(args) -> dict:
     assistant = load(args.assistant, device=args.device)[0] if args.assistant else None
     result = bench(model, tokenizer, prompts, methods, batch_sizes=args.batch_size, repeats=args.repeats,
                    max_new_tokens=args.max_new_tokens, examples=examples, assistant=assistant,
-                   progress=not args.no_progress)
+                   progress=not args.no_progress, chat=args.chat)
     command = shlex.join(["sbd", *sys.argv[1:]]) if sys.argv[1:2] == ["bench"] else None
     paths = write_bench(result, args.out, command)
     print(bench_markdown(result))

@@ -60,6 +60,8 @@ def _add_generate(sub) -> None:
     p.add_argument("--seed", type=int, default=None, help="seed for sampling at temperature > 0")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--compare", action="store_true", help="run NTP, SBD and SBD-verify on the same prompts, side by side")
+    p.add_argument("--chat", action="store_true",
+                   help="put each prompt through the tokenizer's chat template as a user message (instruct models)")
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
 
 
@@ -118,7 +120,7 @@ def cmd_generate(args) -> None:
     model, tokenizer = load(args.model, device=args.device)
     methods = ["ntp", "sbd", "sbd-verify"] if args.compare else [args.method]
     kw = dict(block_size=args.block_size, gamma=args.gamma, proxy=args.proxy, max_new_tokens=args.max_new_tokens,
-              temperature=args.temperature, seed=args.seed, stop=args.stop)
+              temperature=args.temperature, seed=args.seed, stop=args.stop, chat=args.chat)
     results = {}
     for method in methods:
         mkw = {**kw, "draft": args.draft} if method == "sbd-verify" else kw

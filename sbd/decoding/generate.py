@@ -96,15 +96,32 @@ def context_limit(model) -> int | None:
     return min(limits) if limits else None
 
 
-def encode_prompts(tokenizer, prompts) -> list[list[int]]:
-    """Strings through the tokenizer, token-id lists as they are; empty input is an error."""
-    if isinstance(prompts, (str, torch.Tensor)) or (prompts and isinstance(prompts[0], int)):
+def apply_chat(tokenizer, prompt) -> list[int]:
+    """A user message (a string) or a whole conversation (a list of {"role", "content"} dicts) through
+    the tokenizer's chat template, ending with the assistant's turn opened; token ids."""
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    if not messages or not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
+        raise SBDError("a chat prompt is a string or a list of {'role': ..., 'content': ...} messages")
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise SBDError("chat=True needs a tokenizer with a chat template (this one has none); "
+                       "pass plain prompts with chat=False")
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False).input_ids  # the template already holds any BOS
+
+
+def encode_prompts(tokenizer, prompts, chat: bool = False) -> list[list[int]]:
+    """Strings through the tokenizer (through its chat template when `chat`), token-id lists as they
+    are; empty input is an error."""
+    single_conversation = chat and isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], dict)
+    if isinstance(prompts, (str, torch.Tensor)) or single_conversation or (prompts and isinstance(prompts[0], int)):
         prompts = [prompts]
     if prompts is None or len(prompts) == 0:
         raise SBDError("no prompts given: pass a non-empty list of strings or token-id lists")
     encoded = []
     for i, p in enumerate(prompts):
-        if isinstance(p, str):
+        if chat and (isinstance(p, str) or (isinstance(p, (list, tuple)) and p and isinstance(p[0], dict))):
+            ids = apply_chat(tokenizer, p)
+        elif isinstance(p, str):
             if tokenizer is None:
                 raise SBDError("string prompts need a tokenizer; pass token ids or the model's tokenizer")
             ids = tokenizer(p).input_ids
@@ -167,6 +184,7 @@ def generate(
     draft: str = "block",
     static_shapes: bool = False,
     compile: bool = False,
+    chat: bool = False,
 ) -> GenerationResult:
     """Decode `prompts` with NTP, SBD or SBD with verified drafts. Every row stops on its own.
 
@@ -184,10 +202,12 @@ def generate(
     static_shapes: pad every decoding forward to one of a few fixed widths (NTP 1; SBD k and 2k) over a
     cache of fixed size, so that its shapes never change (same tokens, a little more work per forward).
     compile: run those forwards through `torch.compile` (CUDA: with CUDA graphs); implies static_shapes.
+    chat: put each string prompt through the tokenizer's chat template as a user message (a prompt may
+    also be a list of {"role", "content"} messages), with the assistant's turn opened.
     The first call per model and width compiles (seconds to minutes); later calls reuse it.
     """
     _validate(model, method, block_size, gamma, proxy, max_new_tokens, temperature, stop, draft)
-    prompt_ids = encode_prompts(tokenizer, prompts)
+    prompt_ids = encode_prompts(tokenizer, prompts, chat)
     limit = context_limit(model)
     longest = max(len(p) for p in prompt_ids)
     if limit is not None and longest + max_new_tokens > limit:
