@@ -105,3 +105,38 @@ def test_command_line(tmp_path, capsys):
     assert main(["bench", "--model", str(tmp_path / "m"), "--prompts", str(tmp_path / "none.txt"),
                  "--out", str(out)]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("r", [1, 2, 3, 5, 16])
+def test_fixed_schedule_reveals_r_per_forward(r):
+    """reveal_per_forward=r: a block of 16 takes ⌈16/r⌉ forwards (the last block of 8: ⌈8/r⌉), left to right."""
+    import sbd
+    from conftest import _model, random_prompts
+
+    model = _model("llama")
+    out = sbd.generate(model, None, random_prompts(2, model.config.vocab_size), method="sbd", block_size=16,
+                       max_new_tokens=40, eos_token_ids=[], reveal_per_forward=r)
+    assert out.nfe == [2 * math.ceil(16 / r) + math.ceil(8 / r)] * 2
+    assert out.steps[0][:16] == [1 + i // r for i in range(16)]
+
+
+def test_fixed_schedule_misuse():
+    import sbd
+    from conftest import _model
+
+    for kw in ({"method": "ntp", "reveal_per_forward": 2}, {"method": "sbd", "reveal_per_forward": 0}):
+        with pytest.raises(SBDError, match="reveal_per_forward"):
+            sbd.generate(_model("llama"), None, [[5, 6, 7]], max_new_tokens=4, **kw)
+
+
+def test_bench_random_prompts_without_tokenizer():
+    """What `sbd bench --shape` runs: token-id prompts, no tokenizer, fixed schedules; NFE as scheduled."""
+    from conftest import _model, random_prompts
+
+    model = _model("llama")
+    methods = parse_methods("hf,ntp,sbd-fixed", [], 8, assistant=False, fixed=[2, 4])
+    res = bench(model, None, random_prompts(2, model.config.vocab_size, lengths=(6, 9)), methods, repeats=1,
+                max_new_tokens=16, limit_repeats=1, progress=False)
+    rows = {r.method: r for r in res.rows}
+    assert rows["SBD fixed 2/forward, block 8"].nfe == 2 * 8 and rows["SBD fixed 4/forward, block 8"].nfe == 2 * 4
+    assert rows["sbd NTP loop"].same_as_greedy == 2 and rows["SBD fixed 4/forward, block 8"].accuracy is None

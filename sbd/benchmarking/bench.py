@@ -27,7 +27,7 @@ from ..errors import SBDError
 from ..modes import eval_mode
 from .forward_cost import Shape, _sync, time_forwards
 
-KINDS = ("hf", "prompt-lookup", "assisted", "ntp", "sbd", "sbd-verify")
+KINDS = ("hf", "prompt-lookup", "assisted", "ntp", "sbd", "sbd-verify", "sbd-fixed")
 PROMPT_LOOKUP_TOKENS = 10  # Hugging Face's documented example value; the n-gram size is its default
 
 
@@ -39,6 +39,7 @@ class Method:
     gamma: float | None = None  # sbd only
     block_size: int | None = None  # sbd and sbd-verify
     compiled: bool = False  # our loops through torch.compile on static shapes
+    fixed: int | None = None  # sbd-fixed: tokens revealed per forward (a timing schedule)
 
     @property
     def name(self) -> str:
@@ -50,17 +51,19 @@ class Method:
             return f"SBD γ={self.gamma:g}, block {self.block_size}"
         if self.kind == "sbd-verify":
             return f"SBD-verify, block {self.block_size}"
+        if self.kind == "sbd-fixed":
+            return f"SBD fixed {self.fixed}/forward, block {self.block_size}"
         return {"hf": "HF greedy generate", "prompt-lookup": f"HF prompt-lookup ({PROMPT_LOOKUP_TOKENS})",
                 "assisted": "HF assisted (assistant model)", "ntp": "sbd NTP loop"}[self.kind]
 
     @property
     def ours(self) -> bool:
-        return self.kind in ("ntp", "sbd", "sbd-verify")
+        return self.kind in ("ntp", "sbd", "sbd-verify", "sbd-fixed")
 
     @property
     def lossless(self) -> bool:
-        """Greedy output must equal greedy NTP decoding (all but plain SBD)."""
-        return self.kind != "sbd"
+        """Greedy output must equal greedy NTP decoding (all but plain and fixed-schedule SBD)."""
+        return self.kind not in ("sbd", "sbd-fixed")
 
     @property
     def batch_one_only(self) -> bool:
@@ -69,10 +72,11 @@ class Method:
 
 
 def parse_methods(text: str, gammas: Sequence[float], block_sizes: Sequence[int] | int, assistant: bool,
-                  compiled: bool = False) -> list[Method]:
+                  compiled: bool = False, fixed: Sequence[int] = (2, 3, 4)) -> list[Method]:
     """`hf,prompt-lookup,ntp,sbd,sbd-verify` → Methods; `sbd` expands to one row per (block size, γ) and
     `sbd-verify` to one per block size; `assisted` needs an assistant model. Our NTP loop is always
-    included (the predicted speedups are relative to it). compiled: each of our rows again, compiled."""
+    included (the predicted speedups are relative to it). compiled: each of our rows again, compiled.
+    `sbd-fixed` expands to one row per (block size, tokens revealed per forward in `fixed`)."""
     sizes = [block_sizes] if isinstance(block_sizes, int) else list(block_sizes)
     names = [t.strip() for t in text.split(",") if t.strip()]
     unknown = [n for n in names if n not in KINDS]
@@ -94,10 +98,14 @@ def parse_methods(text: str, gammas: Sequence[float], block_sizes: Sequence[int]
             methods += [Method("sbd", float(g), k) for k in sizes for g in gammas]
         elif n == "sbd-verify":
             methods += [Method("sbd-verify", None, k) for k in sizes]
+        elif n == "sbd-fixed":
+            if not fixed or any(r < 1 for r in fixed):
+                raise SBDError("method 'sbd-fixed' needs tokens per forward >= 1")
+            methods += [Method("sbd-fixed", None, k, fixed=r) for k in sizes for r in fixed]
         else:
             methods.append(Method(n))
     if compiled:
-        methods += [Method(m.kind, m.gamma, m.block_size, True) for m in methods if m.ours]
+        methods += [Method(m.kind, m.gamma, m.block_size, True, m.fixed) for m in methods if m.ours]
     return methods
 
 
@@ -160,7 +168,8 @@ def _hf_generate(model, tokenizer, batch: list[list[int]], max_new: int, eos: li
     """Left-padded Hugging Face `generate`, greedy; new tokens per row up to and including EOS."""
     device = model.get_input_embeddings().weight.device
     longest = max(len(p) for p in batch)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0] if eos else 0
+    pad_id = getattr(tokenizer, "pad_token_id", None)
+    pad_id = pad_id if pad_id is not None else eos[0] if eos else 0
     ids = torch.full((len(batch), longest), pad_id, dtype=torch.long)
     attn = torch.zeros((len(batch), longest), dtype=torch.long)
     for i, p in enumerate(batch):
@@ -188,9 +197,12 @@ def _run(method: Method, model, tokenizer, batch, max_new, eos, assistant, recor
                             n_commit))
 
     kw = {"gamma": method.gamma} if method.kind == "sbd" else {}
+    if method.kind == "sbd-fixed":
+        kw["reveal_per_forward"] = method.fixed
     if method.block_size is not None:
         kw["block_size"] = method.block_size
-    r = generate(model, tokenizer, batch, method=method.kind, max_new_tokens=max_new, eos_token_ids=eos,
+    kind = "sbd" if method.kind == "sbd-fixed" else method.kind
+    r = generate(model, tokenizer, batch, method=kind, max_new_tokens=max_new, eos_token_ids=eos,
                  observer=observe if record is not None else None, compile=method.compiled, **kw)
     return r.token_ids, r.nfe
 
@@ -209,10 +221,10 @@ def _check_inputs(model, tokenizer, prompts, methods, batch_sizes, repeats, max_
         raise SBDError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if not batch_sizes or any(b < 1 for b in batch_sizes):
         raise SBDError("batch sizes must be integers >= 1")
-    if any(m.kind in ("sbd", "sbd-verify") for m in methods) and getattr(model.config, "sbd_mask_token_id", None) is None:
+    if any(m.kind in ("sbd", "sbd-verify", "sbd-fixed") for m in methods) and getattr(model.config, "sbd_mask_token_id", None) is None:
         raise SBDError("this model has no SBD mask token: benchmark it with methods hf,prompt-lookup,ntp only, "
                        "or fine-tune it with `sbd train` first")
-    if assistant is not None:
+    if assistant is not None and tokenizer is not None:
         a_vocab = assistant.get_input_embeddings().num_embeddings
         if a_vocab < len(tokenizer):
             raise SBDError("the assistant model's vocabulary is smaller than the tokenizer's: assisted decoding "

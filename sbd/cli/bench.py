@@ -21,6 +21,8 @@ def parse_sizes(text: str) -> list[int]:
 
 
 def add_bench_parser(sub):
+    from ..benchmarking.presets import SHAPES
+
     p = sub.add_parser(
         "bench", help="wall-clock of HF generate, prompt-lookup, assisted, NTP, SBD and SBD-verify on one model",
         description="Time every way of decoding one model on the same prompts in one process: Hugging Face greedy "
@@ -29,16 +31,25 @@ def add_bench_parser(sub):
                     "methods take turns batch by batch for --repeats timed passes; medians are reported. For our "
                     "loops the eq.-16 limit (the summed time of their forwards, each timed alone) is given with the "
                     "share of it reached. Writes bench.json, bench.md and bench.png to --out.")
-    p.add_argument("--model", required=True, metavar="PATH", help="local model folder (safetensors), or demo")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--model", metavar="PATH", help="local model folder (safetensors), or demo")
+    what.add_argument("--shape", choices=sorted(SHAPES),
+                      help="a random-weight Llama with these shapes, fed --n random prompts of --prompt-tokens tokens "
+                           "(timing only: use --methods hf,ntp,sbd-fixed)")
     p.add_argument("--task", type=_argtype(parse_tasks), default=None, metavar="NAME[,NAME]",
                    help=f"held-out task problems as prompts, scored for accuracy (default: {DEFAULT_TASKS} "
                         "unless --prompts is given)")
-    p.add_argument("--n", type=_positive, default=10, help="problems per task (default: 10)")
+    p.add_argument("--n", type=_positive, default=10, help="problems per task, or random prompts with --shape (default: 10)")
     p.add_argument("--prompts", metavar="FILE", default=None,
                    help="text file with one prompt per line, instead of task problems (no accuracy column)")
+    p.add_argument("--prompt-tokens", type=_positive, default=64,
+                   help="with --shape: tokens per random prompt (default: 64)")
     p.add_argument("--methods", default="hf,prompt-lookup,ntp,sbd,sbd-verify", metavar="LIST",
-                   help="comma-separated: hf, prompt-lookup, assisted, ntp, sbd (one row per --gamma), sbd-verify; "
+                   help="comma-separated: hf, prompt-lookup, assisted, ntp, sbd (one row per --gamma), sbd-verify, "
+                        "sbd-fixed (one row per --fixed: a fixed number of tokens revealed per forward, for timing); "
                         "our NTP loop is always added (default: hf,prompt-lookup,ntp,sbd,sbd-verify)")
+    p.add_argument("--fixed", type=_argtype(parse_sizes), default=[2, 3, 4], metavar="LIST",
+                   help="tokens revealed per forward by the sbd-fixed rows (default: 2,3,4)")
     p.add_argument("--gamma", type=_argtype(parse_gammas), default=[0.35], metavar="LIST",
                    help="EB-sampler bounds of the SBD rows, e.g. 0,0.35,inf (default: 0.35)")
     p.add_argument("--block-size", type=_argtype(parse_sizes), default=[16], metavar="LIST",
@@ -57,6 +68,8 @@ def add_bench_parser(sub):
     p.add_argument("--max-new-tokens", type=_positive, default=112, help="generation budget (default: 112)")
     p.add_argument("--seed", type=int, default=0, help="seed of the held-out problems (default: 0)")
     p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default: cpu)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                   help="weights and compute dtype (default: float32 on CPU, the checkpoint's or bfloat16 elsewhere)")
     p.add_argument("--threads", type=_positive, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for bench.json, bench.md, bench.png (created)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -86,15 +99,29 @@ def cmd_bench(args) -> dict:
     from ..benchmarking.report import bench_markdown, write_bench
     from ..models.loading import load
 
+    import torch
+
     if args.task and args.prompts:
         raise SBDError("give --task or --prompts, not both")
-    methods = parse_methods(args.methods, args.gamma, args.block_size, args.assistant is not None, args.compile)
-    prompts, examples = _prompts(args)
+    if args.shape and (args.task or args.prompts or args.assistant or args.chat):
+        raise SBDError("--shape feeds random prompts to a random model: no --task, --prompts, --assistant or --chat")
+    methods = parse_methods(args.methods, args.gamma, args.block_size, args.assistant is not None, args.compile,
+                            args.fixed)
     if args.threads:
-        import torch
-
         torch.set_num_threads(args.threads)
-    model, tokenizer = load(args.model, device=args.device)
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    if args.shape:
+        from ..benchmarking.presets import random_model_like
+
+        model, tokenizer = random_model_like(args.shape, dtype=dtype or (torch.float32 if args.device == "cpu"
+                                                                           else torch.bfloat16), device=args.device), None
+        g = torch.Generator().manual_seed(args.seed)
+        vocab = model.config.vocab_size
+        prompts, examples = [torch.randint(3, vocab - 1, (args.prompt_tokens,), generator=g).tolist()
+                             for _ in range(args.n)], None
+    else:
+        prompts, examples = _prompts(args)
+        model, tokenizer = load(args.model, device=args.device, dtype=dtype)
     assistant = load(args.assistant, device=args.device)[0] if args.assistant else None
     result = bench(model, tokenizer, prompts, methods, batch_sizes=args.batch_size, repeats=args.repeats,
                    max_new_tokens=args.max_new_tokens, examples=examples, assistant=assistant,

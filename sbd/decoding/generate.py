@@ -185,6 +185,7 @@ def generate(
     static_shapes: bool = False,
     compile: bool = False,
     chat: bool = False,
+    reveal_per_forward: int | None = None,
 ) -> GenerationResult:
     """Decode `prompts` with NTP, SBD or SBD with verified drafts. Every row stops on its own.
 
@@ -202,11 +203,17 @@ def generate(
     static_shapes: pad every decoding forward to one of a few fixed widths (NTP 1; SBD k and 2k) over a
     cache of fixed size, so that its shapes never change (same tokens, a little more work per forward).
     compile: run those forwards through `torch.compile` (CUDA: with CUDA graphs); implies static_shapes.
+    reveal_per_forward (method "sbd" only): instead of the EB rule, reveal the first r still-masked
+    positions of the block every forward — a fixed schedule for timing the loop (e.g. on a model with
+    random weights), not a decoding rule.
     chat: put each string prompt through the tokenizer's chat template as a user message (a prompt may
     also be a list of {"role", "content"} messages), with the assistant's turn opened.
     The first call per model and width compiles (seconds to minutes); later calls reuse it.
     """
     _validate(model, method, block_size, gamma, proxy, max_new_tokens, temperature, stop, draft)
+    if reveal_per_forward is not None and (method != "sbd" or not isinstance(reveal_per_forward, int)
+                                           or reveal_per_forward < 1):
+        raise SBDError("reveal_per_forward is an integer >= 1 and applies to method='sbd' only")
     prompt_ids = encode_prompts(tokenizer, prompts, chat)
     limit = context_limit(model)
     longest = max(len(p) for p in prompt_ids)
@@ -249,7 +256,7 @@ def generate(
         else:
             rows = LiveRows(model, pad, longest + max_new_tokens + k, observer, **static)
             sbd_decode(rows, ids, out, eos, max_new_tokens, k, float(gamma), proxy,
-                       int(model.config.sbd_mask_token_id), temperature, gen)
+                       int(model.config.sbd_mask_token_id), temperature, gen, reveal_per_forward)
     seconds = time.perf_counter() - start
     return GenerationResult(
         texts=out.texts(), token_ids=out.ids, nfe=out.nfe, steps=out.steps, seconds=seconds,

@@ -219,9 +219,12 @@ def ntp_decode(rows: LiveRows, ids: torch.Tensor, out: FinishedRows, eos: torch.
 
 
 def sbd_decode(rows: LiveRows, ids: torch.Tensor, out: FinishedRows, eos: torch.Tensor, max_new: int,
-               block_size: int, gamma: float, proxy: str, mask_id: int, temperature: float, gen) -> None:
+               block_size: int, gamma: float, proxy: str, mask_id: int, temperature: float, gen,
+               fixed: int | None = None) -> None:
     """Set Block Decoding: each block starts as masks and is revealed by the EB rule; a finished
-    block is committed in the first forward of the next one (docs/method.md §3)."""
+    block is committed in the first forward of the next one (docs/method.md §3). fixed: reveal the
+    first `fixed` masked positions per forward instead (a timing schedule, not a decoding rule)."""
+    any_order = math.isinf(gamma) or fixed is not None  # no entropies needed
     rows.forward(ids, n_commit=ids.shape[1], n_logits=1)
     b = ids.shape[0]
     made = torch.empty((b, max_new), dtype=torch.long, device=ids.device)
@@ -243,18 +246,21 @@ def sbd_decode(rows: LiveRows, ids: torch.Tensor, out: FinishedRows, eos: torch.
             logits = rows.forward(inputs, n_commit=n_commit, n_logits=k)
             n_commit = 0
             logits[..., mask_id] = torch.finfo(logits.dtype).min  # never reveal the mask token itself
-            if math.isinf(gamma):  # the EB rule reveals every masked position: no entropies needed
+            if any_order:  # γ = ∞ reveals every masked position, a fixed schedule the first few
                 h, picked = logits.amax(-1), pick_tokens(logits, temperature, gen)
             elif temperature > 0:
                 h, picked = error_proxy(logits, "entropy"), pick_tokens(logits, temperature, gen)
             else:
                 h, picked = entropy_and_argmax(logits)  # the EB bound is on entropies whatever the proxy
-            order = None if proxy == "entropy" or math.isinf(gamma) else error_proxy(logits, proxy)
+            order = None if proxy == "entropy" or any_order else error_proxy(logits, proxy)
             # Positions after the first EOS that the block holds (revealed) or predicts (masked) are not
             # revealed: if that EOS stands they are discarded, so a forward spent on them is wasted.
             ends = is_eos(torch.where(masked, picked, block))
             todo = masked & (ends.cumsum(-1) <= ends)  # no EOS strictly before the position
-            reveal = todo if math.isinf(gamma) else reveal_from_proxy(h, todo, gamma, order)
+            if fixed is not None:
+                reveal = todo & (todo.cumsum(-1) <= fixed)
+            else:
+                reveal = todo if math.isinf(gamma) else reveal_from_proxy(h, todo, gamma, order)
             block = torch.where(reveal, picked, block)
             masked = masked ^ reveal  # reveal ⊆ masked
             nfe += todo.any(-1)  # rows whose block is already revealed (or that stopped) ride along uncounted
