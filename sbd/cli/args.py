@@ -39,8 +39,18 @@ def int_list(text: str, minimum: int = 1) -> list[int]:
     except ValueError:
         raise SBDError(f"{text!r} is not a comma-separated list of integers") from None
     if not values or any(v < minimum for v in values):
-        raise SBDError(f"{text!r}: give integers >= {minimum}, e.g. {minimum},{minimum + 4}")
+        raise SBDError(f"{text!r}: give integers >= {minimum}, e.g. {'1,4' if minimum else '0,256'}")
     return values
+
+
+def positive_list(text: str) -> list[int]:
+    """`1,4,8` -> [1, 4, 8]; every entry an integer >= 1."""
+    return int_list(text, 1)
+
+
+def count_list(text: str) -> list[int]:
+    """`0,256,1024` -> [0, 256, 1024]; every entry an integer >= 0."""
+    return int_list(text, 0)
 
 
 def add_config_options(parser: argparse.ArgumentParser, cls) -> None:

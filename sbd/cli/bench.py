@@ -8,16 +8,11 @@ import sys
 from pathlib import Path
 
 from ..errors import SBDError
-from .args import int_list
+from .args import positive_list as parse_sizes
 from .args import positive_int as _positive
 from .eval import _argtype, parse_gammas, parse_tasks
 
 DEFAULT_TASKS = "chain_sum,number_sorting,word_sequence_reversal"
-
-
-def parse_sizes(text: str) -> list[int]:
-    """`1,4,8` -> [1, 4, 8]; every entry an integer >= 1."""
-    return int_list(text, 1)
 
 
 def add_bench_parser(sub):

@@ -6,17 +6,12 @@ from __future__ import annotations
 import shlex
 import sys
 
-from .args import int_list
+from .args import count_list as parse_counts
 from .args import positive_int as _positive
-from .bench import parse_sizes
+from .args import positive_list as parse_sizes
 from .eval import _argtype
 
 DTYPES = ("float32", "bfloat16", "float16")
-
-
-def parse_counts(text: str) -> list[int]:
-    """`0,256,1024` -> [0, 256, 1024]; every entry an integer >= 0."""
-    return int_list(text, 0)
 
 
 def add_forward_cost_parser(sub):

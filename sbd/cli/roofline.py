@@ -3,9 +3,9 @@ whole-model roofline for the same cells; writes roofline.md, roofline.json and r
 
 from __future__ import annotations
 
-from .bench import parse_sizes
+from .args import positive_list as parse_sizes
 from .eval import _argtype
-from .forward_cost import parse_counts
+from .args import count_list as parse_counts
 
 PAPER_KV = [2 ** 4, 2 ** 8, 2 ** 10, 2 ** 12, 2 ** 14, 2 ** 16, 2 ** 20, 2 ** 22]
 
