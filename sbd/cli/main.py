@@ -11,6 +11,7 @@ from .args import positive_int as _positive
 from .bench import add_bench_parser, cmd_bench
 from .forward_cost import add_forward_cost_parser, cmd_forward_cost
 from .roofline import add_roofline_parser, cmd_roofline
+from .import_model import add_import_parser, cmd_import
 from .convergence import add_convergence_parser, cmd_convergence
 from .demo import add_demo_parser, cmd_demo
 from .eval import add_eval_parser, cmd_eval
@@ -78,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_parser(sub)
     add_forward_cost_parser(sub)
     add_roofline_parser(sub)
+    add_import_parser(sub)
     return parser
 
 
@@ -151,7 +153,7 @@ def main(argv=None) -> int:
     hf_logging.disable_progress_bar()  # ours show progress; theirs would print one bar per file written
     try:
         {"init": cmd_init, "generate": cmd_generate, "train": cmd_train, "eval": cmd_eval,
-         "experiment": cmd_experiment, "demo": cmd_demo, "bench": cmd_bench, "forward-cost": cmd_forward_cost, "roofline": cmd_roofline, "convergence": cmd_convergence}[args.command](args)
+         "experiment": cmd_experiment, "demo": cmd_demo, "bench": cmd_bench, "forward-cost": cmd_forward_cost, "roofline": cmd_roofline, "import": cmd_import, "convergence": cmd_convergence}[args.command](args)
     except SBDError as e:
         print(f"sbd: error: {e}", file=sys.stderr)
         return 2
