@@ -97,3 +97,11 @@ def test_forward_cost_command(tmp_path):
     assert (1, 120, 16) not in cells and (1, 120, 4) in cells  # 120 + 16 > the context of 128
     assert all(cells[(b, c, 1)]["ratio"] == 1.0 for b in (1, 2) for c in (0, 32))
     assert "roofline ×1-token" in (out / "forward_cost.md").read_text()
+
+
+def test_measured_hardware_is_plausible():
+    """This machine's matmul FLOP/s and copy bandwidth: positive and below anything a CPU can do."""
+    from sbd.benchmarking.hardware import measure_hardware
+
+    hw = measure_hardware("cpu", repeats=2, n=256, copy_mib=16)
+    assert 1e8 < hw.flops < 1e14 and 1e8 < hw.bandwidth < 1e13 and hw.attention_flops == hw.flops

@@ -25,14 +25,16 @@ def _median_seconds(fn, device, repeats: int) -> float:
     return statistics.median(times)
 
 
-def measure_hardware(device: str = "cpu", dtype: torch.dtype = torch.float32, repeats: int = 5) -> Hardware:
-    """Peak FLOP/s of a large square matmul in `dtype` and the bandwidth of a large copy (read + write)."""
+def measure_hardware(device: str = "cpu", dtype: torch.dtype = torch.float32, repeats: int = 5,
+                     n: int | None = None, copy_mib: int | None = None) -> Hardware:
+    """Peak FLOP/s of a large square matmul (n × n, default 2048 on CPU, 8192 on GPU) in `dtype` and the
+    bandwidth of a large copy (read + write; default 256 MiB on CPU, 2 GiB on GPU)."""
     dev = torch.device(device)
-    n = 2048 if dev.type == "cpu" else 8192
+    n = n or (2048 if dev.type == "cpu" else 8192)
     a = torch.randn(n, n, device=dev).to(dtype)
     b = torch.randn(n, n, device=dev).to(dtype)
     flops = 2 * n ** 3 / _median_seconds(lambda: a @ b, dev, repeats)
-    size = (256 if dev.type == "cpu" else 2048) * 2 ** 20
+    size = (copy_mib or (256 if dev.type == "cpu" else 2048)) * 2 ** 20
     src = torch.empty(size, dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
     bandwidth = 2 * size / _median_seconds(lambda: dst.copy_(src), dev, repeats)
