@@ -11,13 +11,12 @@ from ..errors import SBDError
 from .args import positive_list as parse_sizes
 from .args import positive_int as _positive
 from .eval import _argtype, parse_gammas, parse_tasks
+from .model_options import add_model_options, model_from_args
 
 DEFAULT_TASKS = "chain_sum,number_sorting,word_sequence_reversal"
 
 
 def add_bench_parser(sub):
-    from ..benchmarking.presets import SHAPES
-
     p = sub.add_parser(
         "bench", help="wall-clock of HF generate, prompt-lookup, assisted, NTP, SBD and SBD-verify on one model",
         description="Time every way of decoding one model on the same prompts in one process: Hugging Face greedy "
@@ -26,11 +25,8 @@ def add_bench_parser(sub):
                     "methods take turns batch by batch for --repeats timed passes; medians are reported. For our "
                     "loops the eq.-16 limit (the summed time of their forwards, each timed alone) is given with the "
                     "share of it reached. Writes bench.json, bench.md and bench.png to --out.")
-    what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--model", metavar="PATH", help="local model folder (safetensors), or demo")
-    what.add_argument("--shape", choices=sorted(SHAPES),
-                      help="a random-weight Llama with these shapes, fed --n random prompts of --prompt-tokens tokens "
-                           "(timing only: use --methods hf,ntp,sbd-fixed)")
+    add_model_options(p, "a random-weight Llama with these shapes, fed --n random prompts of --prompt-tokens tokens "
+                         "(timing only: use --methods hf,ntp,sbd-fixed)")
     p.add_argument("--task", type=_argtype(parse_tasks), default=None, metavar="NAME[,NAME]",
                    help=f"held-out task problems as prompts, scored for accuracy (default: {DEFAULT_TASKS} "
                         "unless --prompts is given)")
@@ -62,9 +58,6 @@ def add_bench_parser(sub):
     p.add_argument("--repeats", type=_positive, default=3, help="timed passes; the median is reported (default: 3)")
     p.add_argument("--max-new-tokens", type=_positive, default=112, help="generation budget (default: 112)")
     p.add_argument("--seed", type=int, default=0, help="seed of the held-out problems (default: 0)")
-    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default: cpu)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
-                   help="weights and compute dtype (default: float32 on CPU, the checkpoint's or bfloat16 elsewhere)")
     p.add_argument("--threads", type=_positive, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for bench.json, bench.md, bench.png (created)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -104,19 +97,14 @@ def cmd_bench(args) -> dict:
                             args.fixed)
     if args.threads:
         torch.set_num_threads(args.threads)
-    dtype = getattr(torch, args.dtype) if args.dtype else None
+    if not args.shape:
+        prompts, examples = _prompts(args)  # before loading: a bad prompt file fails at once
+    model, tokenizer = model_from_args(args)
     if args.shape:
-        from ..benchmarking.presets import random_model_like
-
-        model, tokenizer = random_model_like(args.shape, dtype=dtype or (torch.float32 if args.device == "cpu"
-                                                                           else torch.bfloat16), device=args.device), None
         g = torch.Generator().manual_seed(args.seed)
         vocab = model.config.vocab_size
         prompts, examples = [torch.randint(3, vocab - 1, (args.prompt_tokens,), generator=g).tolist()
                              for _ in range(args.n)], None
-    else:
-        prompts, examples = _prompts(args)
-        model, tokenizer = load(args.model, device=args.device, dtype=dtype)
     assistant = load(args.assistant, device=args.device)[0] if args.assistant else None
     result = bench(model, tokenizer, prompts, methods, batch_sizes=args.batch_size, repeats=args.repeats,
                    max_new_tokens=args.max_new_tokens, examples=examples, assistant=assistant,

@@ -10,12 +10,9 @@ from .args import count_list as parse_counts
 from .args import positive_int as _positive
 from .args import positive_list as parse_sizes
 from .eval import _argtype
-
-DTYPES = ("float32", "bfloat16", "float16")
-
+from .model_options import add_model_options, model_from_args
 
 def add_forward_cost_parser(sub):
-    from ..benchmarking.presets import SHAPES
     from ..benchmarking.roofline_presets import HARDWARE
 
     p = sub.add_parser(
@@ -24,10 +21,7 @@ def add_forward_cost_parser(sub):
                     "width, batch size and cached length, widths interleaved round by round, medians after warm-up. "
                     "With --hardware, the roofline prediction for the same model shapes is printed and plotted next "
                     "to the measurement. Writes forward_cost.json, forward_cost.md and forward_cost.png to --out.")
-    what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--model", metavar="PATH", help="local model folder (safetensors), or demo")
-    what.add_argument("--shape", choices=sorted(SHAPES),
-                      help="a random-weight Llama with these shapes (time depends on shapes, not weights)")
+    add_model_options(p, "a random-weight Llama with these shapes (time depends on shapes, not weights)")
     p.add_argument("--widths", type=_argtype(parse_sizes), default=[1, 2, 4, 8, 16, 32, 64], metavar="LIST",
                    help="new tokens per forward (default: 1,2,4,8,16,32,64)")
     p.add_argument("--batch-size", type=_argtype(parse_sizes), default=[1], metavar="LIST",
@@ -35,12 +29,9 @@ def add_forward_cost_parser(sub):
     p.add_argument("--cached", type=_argtype(parse_counts), default=[256], metavar="LIST",
                    help="tokens already in the KV cache (default: 256)")
     p.add_argument("--repeats", type=_positive, default=10, help="timed rounds; medians reported (default: 10)")
-    p.add_argument("--dtype", choices=DTYPES, default=None,
-                   help="weights and compute dtype (default: float32 on CPU, the checkpoint's or bfloat16 elsewhere)")
     p.add_argument("--hardware", choices=[*sorted(HARDWARE), "measured"], default=None,
                    help="also predict with the roofline of this hardware preset, or of this machine's measured matmul "
                         "FLOP/s and copy bandwidth (measured)")
-    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default: cpu)")
     p.add_argument("--threads", type=_positive, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for the three files (created)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -51,22 +42,14 @@ def cmd_forward_cost(args) -> dict:
     import torch
 
     from ..benchmarking.forward_cost import forward_cost_table
-    from ..benchmarking.presets import random_model_like
     from ..benchmarking.report import write_forward_cost
     from ..benchmarking.roofline import ModelShape
     from ..benchmarking.roofline_presets import HARDWARE
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    dtype = getattr(torch, args.dtype) if args.dtype else None
-    if args.shape:
-        if dtype is None:
-            dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
-        model, name = random_model_like(args.shape, dtype=dtype, device=args.device), args.shape
-    else:
-        from ..models.loading import load
-
-        model, name = load(args.model, device=args.device, dtype=dtype)[0], str(args.model)
+    model = model_from_args(args)[0]
+    name = args.shape or str(args.model)
     rows = forward_cost_table(model, widths=args.widths, batches=args.batch_size, cached=args.cached,
                               repeats=args.repeats, progress=not args.no_progress)
     predicted = None

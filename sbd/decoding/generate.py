@@ -203,12 +203,12 @@ def generate(
     static_shapes: pad every decoding forward to one of a few fixed widths (NTP 1; SBD k and 2k) over a
     cache of fixed size, so that its shapes never change (same tokens, a little more work per forward).
     compile: run those forwards through `torch.compile` (CUDA: with CUDA graphs); implies static_shapes.
+    The first call per model and width compiles (seconds to minutes); later calls reuse it.
     reveal_per_forward (method "sbd" only): instead of the EB rule, reveal the first r still-masked
     positions of the block every forward — a fixed schedule for timing the loop (e.g. on a model with
     random weights), not a decoding rule.
     chat: put each string prompt through the tokenizer's chat template as a user message (a prompt may
     also be a list of {"role", "content"} messages), with the assistant's turn opened.
-    The first call per model and width compiles (seconds to minutes); later calls reuse it.
     """
     _validate(model, method, block_size, gamma, proxy, max_new_tokens, temperature, stop, draft)
     if reveal_per_forward is not None and (method != "sbd" or not isinstance(reveal_per_forward, int)

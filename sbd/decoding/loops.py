@@ -76,7 +76,7 @@ class LiveRows:
         pos, mask = self._pos, self._mask
         call = self.model
         if self.static_widths:
-            set_writes(self.cache, self._writes, self.length + (width or q))
+            set_writes(self.cache, self._writes, self.length)  # where this forward writes; length moves after
             if width is not None:
                 padded = tokens.new_zeros((tokens.shape[0], width))  # fresh and contiguous: same strides
                 padded[:, :q] = tokens
@@ -293,6 +293,7 @@ def sbd_decode(rows: LiveRows, ids: torch.Tensor, out: FinishedRows, eos: torch.
                 live[i] = False
                 stopped += 1
                 masked[i], block[i] = False, mask_id  # a stopped row reveals nothing and holds no EOS
+            if ended:
                 left = bool(masked.any())
             if not left:
                 break
