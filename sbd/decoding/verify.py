@@ -28,7 +28,7 @@ import math
 
 import torch
 
-from ..sampler import error_proxy, pick_tokens, reveal_from_proxy
+from ..sampler import entropy_and_argmax, error_proxy, reveal_from_proxy
 from .loops import FinishedRows, LiveRows, _check_finite, eos_test
 
 
@@ -72,9 +72,10 @@ def _eb_draft(rows: LiveRows, head: torch.Tensor, logits: torch.Tensor, mask_id:
     masked[:, 0] = False
     spent = 0
     while True:
+        h, picked = entropy_and_argmax(logits)  # greedy: the same helper as the SBD loop
         order = None if proxy == "entropy" else error_proxy(logits, proxy)
-        reveal = reveal_from_proxy(error_proxy(logits, "entropy"), masked, gamma, order)
-        block = torch.where(reveal, pick_tokens(logits, 0.0, None), block)
+        reveal = reveal_from_proxy(h, masked, gamma, order)
+        block = torch.where(reveal, picked, block)
         masked &= ~reveal
         if not masked.any():
             return block[:, 1:], spent
