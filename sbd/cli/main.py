@@ -12,6 +12,7 @@ from .bench import add_bench_parser, cmd_bench
 from .forward_cost import add_forward_cost_parser, cmd_forward_cost
 from .roofline import add_roofline_parser, cmd_roofline
 from .import_model import add_import_parser, cmd_import
+from .lm_eval import add_lm_eval_parser, run_lm_eval
 from .convergence import add_convergence_parser, cmd_convergence
 from .demo import add_demo_parser, cmd_demo
 from .eval import add_eval_parser, cmd_eval
@@ -80,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_forward_cost_parser(sub)
     add_roofline_parser(sub)
     add_import_parser(sub)
+    add_lm_eval_parser(sub)
     return parser
 
 
@@ -147,13 +149,23 @@ def cmd_generate(args) -> None:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["lm-eval"]:  # the harness parses its own arguments
+        return _guarded(run_lm_eval, argv[1:])
     args = build_parser().parse_args(argv)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # ours show progress; theirs would print one bar per file written
+    command = {"init": cmd_init, "generate": cmd_generate, "train": cmd_train, "eval": cmd_eval,
+               "experiment": cmd_experiment, "demo": cmd_demo, "bench": cmd_bench, "forward-cost": cmd_forward_cost,
+               "roofline": cmd_roofline, "import": cmd_import, "convergence": cmd_convergence}[args.command]
+    return _guarded(command, args)
+
+
+def _guarded(command, args) -> int:
+    """Run a command; a user's mistake (SBDError) is one line on stderr and exit status 2."""
     try:
-        {"init": cmd_init, "generate": cmd_generate, "train": cmd_train, "eval": cmd_eval,
-         "experiment": cmd_experiment, "demo": cmd_demo, "bench": cmd_bench, "forward-cost": cmd_forward_cost, "roofline": cmd_roofline, "import": cmd_import, "convergence": cmd_convergence}[args.command](args)
+        command(args)
     except SBDError as e:
         print(f"sbd: error: {e}", file=sys.stderr)
         return 2

@@ -9,6 +9,7 @@ from typing import Callable
 
 from ..errors import SBDError
 from .arithmetic import render_basic_arithmetic, render_chain_sum
+from .gsm import render_gsm_symbolic
 from .lists import render_number_sorting, render_word_sequence_reversal
 
 
@@ -37,6 +38,9 @@ TASKS: dict[str, TaskSpec] = {
                  render_number_sorting, "sort 3-5 integers 0-99 up or down; the list grows one pick at a time"),
         TaskSpec("word_sequence_reversal", "word_sequence_reversal", dict(min_words=3, max_words=5),
                  render_word_sequence_reversal, "reverse a list of 3-5 words; numbered, then counted back down"),
+        TaskSpec("gsm_symbolic", "gsm_symbolic", dict(size=50_000),
+                 render_gsm_symbolic, "grade-school word problems (GSM8K templates) with worked solutions; "
+                 "for pretrained models"),
     )
 }
 
@@ -54,4 +58,4 @@ def dataset(name: str, seed: int = 0):
     import reasoning_gym
 
     spec = get_task(name)
-    return reasoning_gym.create_dataset(spec.dataset, seed=seed, size=1, **spec.config)
+    return reasoning_gym.create_dataset(spec.dataset, **{"size": 1, **spec.config, "seed": seed})

