@@ -165,3 +165,12 @@ def test_reasoning_tasks_are_the_held_out_split_sbd_eval_uses():
     right = utils.score_reasoning(docs[0], [examples[0]["completion"]])
     wrong = utils.score_reasoning(docs[0], ["Answer: -1"])
     assert right["exact_match"] == 1.0 and wrong["exact_match"] == 0.0
+
+
+def test_a_context_longer_than_the_room_left_is_cut_from_the_left(tiny_lm, tokenizer):
+    long = " ".join(["word"] * 2000)
+    kwargs = {"until": [], "max_gen_toks": 8}
+    (text,) = tiny_lm.generate_until([_request("generate_until", (long, kwargs))], disable_tqdm=True)
+    ids = tokenizer(long).input_ids[-(512 - 8):]
+    assert text == generate(_model("llama"), tokenizer, [ids], method="sbd", gamma=0.35, block_size=4,
+                            max_new_tokens=8).texts[0]

@@ -210,8 +210,14 @@ class SBDLM(TemplateLM):
             options = self._decode_options(requests[members[0]].args[1])
             for start in range(0, len(members), self.batch_size_per_gpu):
                 chunk = members[start:start + self.batch_size_per_gpu]
+                room = self.max_length - options["max_new_tokens"]
+                if room < 1:
+                    raise SBDError(f"max_gen_toks {options['max_new_tokens']} leaves no room for a prompt in the "
+                                   f"model's context of {self.max_length}")
+                # as lm-eval's HF model does: a context longer than the room left is cut from the left
+                prompts = [self.tokenizer(requests[i].args[0]).input_ids[-room:] for i in chunk]
                 t0 = time.perf_counter()
-                result = generate(self.model, self.tokenizer, [requests[i].args[0] for i in chunk],
+                result = generate(self.model, self.tokenizer, prompts,
                                   method=self.method, block_size=self.block_size, gamma=self.gamma,
                                   proxy=self.proxy, draft=self.draft, **options)
                 count = self.counts[task]
