@@ -33,7 +33,7 @@ def test_worked_solutions_score_one(task, splits):
 
 
 def _wrong(task: str, answer: str) -> str:
-    if task in ("chain_sum", "basic_arithmetic"):
+    if task in ("chain_sum", "basic_arithmetic", "gsm_symbolic"):
         return str(int(answer) + 10)
     if task == "number_sorting":
         return answer.rsplit(",", 1)[0] + "]"  # one number short
