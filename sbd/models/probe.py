@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ..adapter import adapter_of, gated
 from ..decoding.cache import slab_cache
 from ..errors import SBDError
 from ..masks import inference_mask
@@ -59,6 +60,12 @@ def probe_model(model, prefix_len: int = 8, block: int = 4, seed: int = 0) -> No
             shifted[0, prefix_len:] += 3
             if _close(run(ids, shifted, blockwise)[:, prefix_len:], full[:, prefix_len:], 1e-6):
                 raise SBDError(f"{name} ignores position_ids")
+            if adapter_of(model) is not None:  # a drafting adapter must leave the causal positions alone
+                with gated(model, prefix_len):
+                    drafted = run(ids, pos, blockwise)
+                if not _close(drafted[:, :prefix_len], full[:, :prefix_len], tol):
+                    raise SBDError(f"{name}'s drafting adapter changes the logits of causal positions; sbd-verify "
+                                   "would not reproduce the model's own answers")
             cache = slab_cache(model, n)
             run(ids[:, :prefix_len], pos[:, :prefix_len], causal[..., :prefix_len, :prefix_len], cache)
             cached = run(ids[:, prefix_len:], pos[:, prefix_len:], inference_mask(pad, prefix_len, 0, block), cache)

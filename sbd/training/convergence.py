@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..adapter import gated
 from ..decoding.cache import select_rows, slab_cache
 from ..errors import SBDError
 from ..masks import causal_mask
@@ -149,8 +150,10 @@ def _score_sequence(model, ids: list[int], start: int, k: int, mask_id: int, eos
     select_rows(cache, torch.zeros(rows, dtype=torch.long, device=device))
     kv = torch.arange(n + k, device=device)
     attend = (kv[None] < block_start[:, None]) | (kv[None] >= n)       # own prefix + own block
-    logits = model(input_ids=block, position_ids=pos, attention_mask=attend[:, None, None, :].expand(rows, 1, k, n + k),
-                   past_key_values=cache, use_cache=True).logits.float()
+    with gated(model, 0):  # a drafting adapter acts on the block (the whole of this forward)
+        logits = model(input_ids=block, position_ids=pos,
+                       attention_mask=attend[:, None, None, :].expand(rows, 1, k, n + k),
+                       past_key_values=cache, use_cache=True).logits.float()
     logits[..., mask_id] = torch.finfo(logits.dtype).min
     left = logits[torch.arange(rows, device=device), j]                 # (rows, V)
     truth = x[0, targets]

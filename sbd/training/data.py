@@ -1,6 +1,8 @@
 """Training data: local jsonl or a reasoning-gym generator, tokenized once into a map-style dataset.
 
-Records are `{"prompt", "completion"}` (loss on the completion only) or `{"text"}` (loss everywhere).
+Records are `{"prompt", "completion"}` (loss on the completion only), `{"text"}` (loss everywhere), or
+`sbd distill`'s records, whose `prompt_ids`/`completion_ids` are used as they are (no EOS appended: a
+completion that hit its budget did not stop).
 Every sequence ends with EOS so that a trained model learns to stop. `render_reasoning_gym` is the one
 place that turns a reasoning-gym entry into a record; a richer renderer can replace it.
 """
@@ -80,6 +82,13 @@ def load_records(spec: str) -> list[dict]:
     for n, r in enumerate(records, 1):
         if not isinstance(r, dict):
             raise SBDError(f"record {n} of {spec!r} is not a JSON object")
+        if "prompt_ids" in r or "completion_ids" in r:  # `sbd distill` records: the exact tokens
+            ok = all(isinstance(r.get(k), list) and all(isinstance(t, int) and not isinstance(t, bool) for t in r[k])
+                     for k in ("prompt_ids", "completion_ids"))
+            if not ok:
+                raise SBDError(f"record {n} of {spec!r}: 'prompt_ids' and 'completion_ids' must both be lists of "
+                               "token ids")
+            continue
         if "text" in r:
             ok = isinstance(r["text"], str)
         elif "prompt" in r or "completion" in r:
@@ -112,7 +121,11 @@ def tokenize_records(records: list[dict], tokenizer, max_len: int, mask_token_id
     tail = [eos] if eos is not None else []
     examples, truncated = [], 0
     for n, r in enumerate(records, 1):
-        if "text" in r:
+        if "prompt_ids" in r:  # exact tokens as the model produced them (EOS included when it stopped)
+            prompt, ids = list(r["prompt_ids"]), list(r["prompt_ids"]) + list(r["completion_ids"])
+            if any(not 0 <= t < len(tokenizer) for t in ids):
+                raise SBDError(f"record {n}: a token id lies outside the tokenizer's vocabulary of {len(tokenizer)}")
+        elif "text" in r:
             prompt, ids = [], tokenizer(r["text"]).input_ids + tail
         else:
             prompt = tokenizer(r["prompt"]).input_ids

@@ -38,6 +38,16 @@ class TrainConfig:
     out: str = field(metadata=_opt("output folder: checkpoints, metrics.jsonl and the final model", required=True))
     mode: str = field(default="sbd", metadata=_opt("sbd: the SBD recipe; ntp: plain next-token loss on the same "
                                                    "data", choices=("sbd", "ntp")))
+    adapter: Optional[str] = field(default=None, metadata=_opt(
+        "lora: train a drafting adapter over the frozen model instead of all its weights (low-rank updates active "
+        "on block positions only, so the model's own predictions and answers stay exactly its own; masked loss "
+        "only); --out then holds the adapter (adapter_config.json + adapter_model.safetensors)",
+        choices=("lora",)))
+    rank: int = field(default=16, metadata=_opt("--adapter: rank of the low-rank updates"))
+    alpha: float = field(default=32.0, metadata=_opt("--adapter: scale of the updates (alpha / rank)"))
+    kl_weight: float = field(default=0.0, metadata=_opt(
+        "--adapter: weight of the distillation term, KL from the frozen model's next-token distribution to the "
+        "masked prediction of each target (0: off)"))
     steps: int = field(default=1000, metadata=_opt("optimisation steps"))
     batch_size: int = field(default=8, metadata=_opt("sequences per device per micro-batch"))
     grad_accum: int = field(default=1, metadata=_opt("micro-batches per optimisation step"))
@@ -73,7 +83,7 @@ class TrainConfig:
     resume: bool = field(default=False, metadata=_opt("continue from the latest checkpoint in --out"))
     progress: bool = field(default=True, metadata=_opt("show a progress bar"))
 
-    resume_keys = ("data", "mode", "steps", "batch_size", "grad_accum", "lr", "warmup_steps", "max_len",
+    resume_keys = ("data", "mode", "adapter", "rank", "alpha", "kl_weight", "steps", "batch_size", "grad_accum", "lr", "warmup_steps", "max_len",
                    "block_size_min", "block_size_max", "block_size", "mask_rate", "align_to_completion",
                    "last_block", "suffix_share", "seed")
 
@@ -89,13 +99,21 @@ class TrainConfig:
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise SBDError(f"--{name.replace('_', '-')} must be >= 1, got {value!r}")
 
-        for name in ("steps", "batch_size", "grad_accum", "save_steps", "logging_steps", "eval_n", "eval_steps",
+        for name in ("rank", "steps", "batch_size", "grad_accum", "save_steps", "logging_steps", "eval_n", "eval_steps",
                      "eval_block_size", "block_size"):
             positive(name, getattr(self, name))
         if not isinstance(self.lr, (int, float)) or not math.isfinite(self.lr) or self.lr <= 0:
             raise SBDError(f"--lr must be a positive number, got {self.lr}")
         if self.warmup_steps is not None and self.warmup_steps < 0:
             raise SBDError(f"--warmup-steps must be >= 0, got {self.warmup_steps}")
+        if self.adapter is not None and self.mode != "sbd":
+            raise SBDError("--adapter trains drafts for SBD; it cannot be combined with --mode ntp")
+        if not isinstance(self.alpha, (int, float)) or not math.isfinite(self.alpha) or self.alpha <= 0:
+            raise SBDError(f"--alpha must be a positive number, got {self.alpha}")
+        if not isinstance(self.kl_weight, (int, float)) or not math.isfinite(self.kl_weight) or self.kl_weight < 0:
+            raise SBDError(f"--kl-weight must be a number >= 0, got {self.kl_weight}")
+        if self.kl_weight and self.adapter is None:
+            raise SBDError("--kl-weight applies to --adapter runs only")
         if self.max_len < 2:
             raise SBDError(f"--max-len must be >= 2, got {self.max_len}")
         if not 1 <= self.block_size_min <= self.block_size_max:
@@ -187,13 +205,20 @@ def _run(config: TrainConfig) -> Path:
     records = load_records(config.data)
     cuda = torch.cuda.is_available()
     model, tokenizer = load(config.model, device="cuda" if cuda else "cpu", dtype=torch.float32)
-    if cuda and config.attention in ("auto", "flex"):
+    if cuda and config.adapter is None and config.attention in ("auto", "flex"):
         try:
             model.set_attn_implementation("flex_attention")
         except Exception as e:  # an architecture without flex support keeps SDPA
             if config.attention == "flex":
                 raise SBDError(f"this model cannot use flex_attention: {str(e).splitlines()[0]}") from None
     mask_id = add_mask_token(model, tokenizer)
+    if config.adapter is not None:
+        from .. import adapter as adapters
+
+        model.requires_grad_(False)  # the model stays exactly itself; only the adapter learns
+        adapters.attach(model, adapters.AdapterConfig(
+            r=config.rank, lora_alpha=float(config.alpha), block_size=config.block_size or config.block_size_max,
+            base_model_name_or_path=str(Path(config.model).resolve())))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     dataset = tokenize_records(records, tokenizer, config.max_len, mask_id)
@@ -211,7 +236,8 @@ def _run(config: TrainConfig) -> Path:
         save_total_limit=config.save_total_limit or None, logging_steps=config.logging_steps)
     out = Path(config.out)
     trainer = SBDTrainer(model, training_args, data_collator=collator, train_dataset=dataset,
-                         processing_class=tokenizer, mode=config.mode, metrics_file=out / METRICS_FILE,
+                         processing_class=tokenizer, mode="adapter" if config.adapter else config.mode,
+                         kl_weight=config.kl_weight, metrics_file=out / METRICS_FILE,
                          show_progress=config.progress, convergence_examples=heldout,
                          convergence_steps=config.eval_steps, convergence_block_size=config.eval_block_size)
     main = trainer.is_world_process_zero()
@@ -228,6 +254,7 @@ def _run(config: TrainConfig) -> Path:
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     trainer.save_model(str(out))  # weights (safetensors), config with sbd_mask_token_id, tokenizer
     if main:
-        print(f"trained {step} steps ({config.mode}); model saved to {out} — "
-              f"try: sbd generate --model {out} \"...\"")
+        what = "drafting adapter" if config.adapter else "model"
+        print(f"trained {step} steps ({'adapter' if config.adapter else config.mode}); {what} saved to {out} — "
+              f"try: sbd generate --model {out} --method sbd-verify \"...\"")
     return out

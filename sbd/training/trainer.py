@@ -30,13 +30,17 @@ import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
+from .. import adapter as adapters
+from ..adapter import adapter_of
 from ..errors import SBDError
 from . import checkpoints as ckpt
 from .attention import training_logits
 from .collator import SBDDataCollator
+from .adapter_forward import adapter_logits, kl_sum
+from .collator import IGNORE
 from .loss import sbd_loss
 
-MODES = ("sbd", "ntp")
+MODES = ("sbd", "ntp", "adapter")
 _MASK64 = (1 << 64) - 1
 _BLOCK_TAG = 0x4B4B
 
@@ -85,7 +89,10 @@ class _Indexed(torch.utils.data.Dataset):
 
 
 class SBDTrainer(Trainer):
-    """A Trainer for SBD fine-tuning (`mode="sbd"`) or the matching NTP baseline (`mode="ntp"`).
+    """A Trainer for SBD fine-tuning (`mode="sbd"`), the matching NTP baseline (`mode="ntp"`), or a
+    drafting adapter over the frozen model (`mode="adapter"`: the model carries an `sbd.adapter`, only
+    its parameters train, masked loss only (+ `kl_weight` × the KL from the frozen next-token head);
+    checkpoints and the final folder hold the adapter alone, in peft's file layout).
 
     data_collator: an `SBDDataCollator` (built from `processing_class` and the model's mask token if
     omitted). The model is called without labels; the loss is `sbd.training.loss.sbd_loss`.
@@ -99,9 +106,13 @@ class SBDTrainer(Trainer):
     def __init__(self, model=None, args: TrainingArguments | None = None, data_collator=None, train_dataset=None,
                  processing_class=None, *, mode: str = "sbd", metrics_file=None, show_progress: bool = True,
                  convergence_examples=None, convergence_steps: int | None = None, convergence_block_size: int = 16,
-                 **kwargs):
+                 kl_weight: float = 0.0, **kwargs):
         if mode not in MODES:
             raise SBDError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+        if mode == "adapter" and adapter_of(model) is None:
+            raise SBDError("mode='adapter' trains a drafting adapter: attach one first (sbd.adapter.attach)")
+        if kl_weight and mode != "adapter":
+            raise SBDError("kl_weight applies to mode='adapter' only")
         if model is None or train_dataset is None:
             raise SBDError("SBDTrainer needs a model and a train_dataset")
         model_mask = getattr(model.config, "sbd_mask_token_id", None)
@@ -110,7 +121,7 @@ class SBDTrainer(Trainer):
         if not isinstance(data_collator, SBDDataCollator):
             raise SBDError("SBDTrainer needs an SBDDataCollator as data_collator")
         vocab = model.get_input_embeddings().num_embeddings
-        if mode == "sbd" and not 0 <= data_collator.mask_token_id < vocab:
+        if mode != "ntp" and not 0 <= data_collator.mask_token_id < vocab:
             raise SBDError(f"mask token id {data_collator.mask_token_id} lies outside the model's {vocab} embeddings; "
                            "call sbd.add_mask_token(model, tokenizer) first")
         if args is None:
@@ -122,6 +133,7 @@ class SBDTrainer(Trainer):
                          processing_class=processing_class, **kwargs)
         self.sbd_collator = data_collator
         self.mode = mode
+        self.kl_weight = float(kl_weight)
         self.noise_seed = data_collator.seed if data_collator.seed is not None else args.seed
         self.loss_is_scaled_for_ga = True  # compute_loss divides by the whole step's target count
         # logits only at labelled positions (both modes) and, on CPU with SDPA, causal attention for the
@@ -155,7 +167,8 @@ class SBDTrainer(Trainer):
         return random.Random(mix(self.noise_seed, step, _BLOCK_TAG)).randint(*c.block_size_range)
 
     def _use_flex(self) -> bool:
-        return self.args.device.type == "cuda" and getattr(self.model.config, "_attn_implementation", "") == "flex_attention"
+        return (self.mode != "adapter" and self.args.device.type == "cuda"
+                and getattr(self.model.config, "_attn_implementation", "") == "flex_attention")
 
     def build_batch(self, clean: dict, step: int, micro: int = 0) -> dict:
         """The model batch of one padded micro-batch at optimisation step `step`."""
@@ -178,6 +191,13 @@ class SBDTrainer(Trainer):
                 batch["attention_mask"] = training_block_mask(
                     clean["lengths"], c._origins(clean), c.noisy_lengths(clean, k), batch["num_clean"], m, k,
                     self.args.device)
+            if self.mode == "adapter":  # the NTP head is frozen: no NTP targets; where each noisy token comes from
+                n = clean["input_ids"].shape[1]
+                batch["labels"][:, :n] = IGNORE
+                origin = c._origins(clean)
+                j = torch.arange(m)
+                batch["source_positions"] = torch.where(j[None] < (clean["lengths"] - origin)[:, None],
+                                                        origin[:, None] + j[None], -1)
         batch["num_tokens"] = clean["lengths"].sum()
         return batch
 
@@ -207,7 +227,14 @@ class SBDTrainer(Trainer):
         labels = inputs.pop("labels")
         num_clean = inputs.pop("num_clean")
         num_tokens = inputs.pop("num_tokens")
-        if return_outputs or not self.fast_forward:
+        source = inputs.pop("source_positions", None)
+        kl = None
+        if self.mode == "adapter":  # two passes, the clean one without autograd (training/adapter_forward.py)
+            out = adapter_logits(model, inputs, labels, num_clean, source if self.kl_weight else None)
+            outputs, logits = None, out.logits
+            if self.kl_weight:
+                kl = kl_sum(out.logits, out.base_logits, out.kl_valid)
+        elif return_outputs or not self.fast_forward:
             outputs = model(**inputs, use_cache=False)
             logits = outputs.logits
         else:  # same loss and gradients, cheaper: see sbd/training/attention.py
@@ -215,6 +242,9 @@ class SBDTrainer(Trainer):
             logits = training_logits(model, inputs, labels, num_clean if self.mode == "sbd" else None)
         parts = sbd_loss(logits, labels, num_clean, num_items_in_batch)
         loss = parts.loss
+        if kl is not None:
+            denominator = num_items_in_batch if num_items_in_batch is not None else (labels != IGNORE).sum()
+            loss = loss + self.kl_weight * kl / torch.as_tensor(denominator, device=kl.device).clamp_min(1)
         if not torch.isfinite(loss.detach()):
             last = ckpt.latest_checkpoint(self.args.output_dir)
             raise SBDError(f"the loss became {loss.item()} at step {self.state.global_step + 1}; stopped. "
@@ -222,7 +252,8 @@ class SBDTrainer(Trainer):
         if num_items_in_batch is not None and self.args.world_size > 1:
             loss = loss * self.args.world_size  # DDP averages gradients; the mean is over the global count
         stats = torch.stack([parts.ntp_sum, parts.ntp_count.to(parts.ntp_sum), parts.matp_sum,
-                             parts.matp_count.to(parts.ntp_sum), num_tokens.to(parts.ntp_sum)])
+                             parts.matp_count.to(parts.ntp_sum), num_tokens.to(parts.ntp_sum),
+                             (kl.detach() if kl is not None else parts.ntp_sum * 0)])
         self._stats = stats if self._stats is None else self._stats + stats
         return (loss, outputs) if return_outputs else loss
 
@@ -231,12 +262,15 @@ class SBDTrainer(Trainer):
             stats = self._stats
             if self.args.world_size > 1:
                 stats = self.accelerator.reduce(stats, reduction="sum")
-            ntp_sum, ntp_n, matp_sum, matp_n, tokens = stats.tolist()
+            ntp_sum, ntp_n, matp_sum, matp_n, tokens, kl = stats.tolist()
             self._stats = None
             now = time.perf_counter()
-            logs["ntp_loss"] = ntp_sum / max(ntp_n, 1)
-            if self.mode == "sbd":
+            if self.mode != "adapter":
+                logs["ntp_loss"] = ntp_sum / max(ntp_n, 1)
+            if self.mode in ("sbd", "adapter"):
                 logs["matp_loss"] = matp_sum / max(matp_n, 1)
+            if self.kl_weight:
+                logs["kl"] = kl / max(matp_n, 1)
             logs["tokens_per_s"] = tokens / max(now - self._last_log, 1e-9)
             self._last_log = now
         super().log(logs, start_time)
@@ -262,6 +296,26 @@ class SBDTrainer(Trainer):
         finally:
             if previous is not None:
                 signal.signal(signal.SIGINT, previous)
+
+    def _save(self, output_dir=None, state_dict=None):
+        """Adapter mode: the adapter alone (peft's two files) and the tokenizer; else Trainer's save."""
+        if self.mode != "adapter":
+            return super()._save(output_dir, state_dict)
+        if not self.args.should_save:
+            return None
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        adapters.save(self.accelerator.unwrap_model(self.model), output_dir)
+        if self.processing_class is not None:
+            self.processing_class.save_pretrained(output_dir)
+        return None
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        """Adapter mode: the saved adapter into the attached one; else Trainer's load."""
+        if self.mode != "adapter":
+            return super()._load_from_checkpoint(resume_from_checkpoint, model)
+        adapters.load_weights(self.accelerator.unwrap_model(model if model is not None else self.model),
+                              resume_from_checkpoint)
+        return None
 
     def _get_output_dir(self, trial):
         return str(self._staging) if self._staging is not None else super()._get_output_dir(trial)

@@ -1,0 +1,94 @@
+"""`sbd train --adapter lora` end to end on a toy task: only the adapter learns, the masked loss falls,
+the frozen model's weights are untouched, --out loads as model + adapter, and --resume continues.
+Also `sbd distill` writes exact-token records that `sbd train` reads, and resumes after a torn line."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from safetensors.torch import load_file
+
+import sbd
+from sbd import adapter as adapters
+from sbd.cli import main
+from sbd.models import tiny
+
+COUNTS = [" ".join(str(i) for i in range(s, s + 9)) for s in range(40)]
+
+
+def _setup(root):
+    model, _ = tiny.create(root / "model", texts=COUNTS + tiny.SAMPLE_TEXT, vocab_size=260, hidden=48, layers=2,
+                           heads=4, kv_heads=2, context=128)
+    with torch.no_grad():  # a frozen random output layer of std 0.02 caps every logit near ±1: no adapter
+        model.get_output_embeddings().weight.mul_(30.0)  # could ever be confident through it
+    model.save_pretrained(root / "model")
+    with open(root / "toy.jsonl", "w") as f:
+        for s in range(40):
+            f.write(json.dumps({"prompt": f"count {s}:", "completion": " " + COUNTS[s]}) + "\n")
+
+
+def _argv(root, out, steps, extra=()):
+    return ["train", "--model", str(root / "model"), "--data", str(root / "toy.jsonl"), "--out", str(out),
+            "--adapter", "lora", "--rank", "8", "--steps", str(steps), "--batch-size", "16", "--lr", "1e-2",
+            "--warmup-steps", "5", "--logging-steps", "10", "--save-steps", "20", "--block-size", "4",
+            "--align-to-completion", "--no-progress", *extra]
+
+
+def test_adapter_run_trains_only_the_adapter_and_resumes(tmp_path):
+    _setup(tmp_path)
+    before = load_file(str(tmp_path / "model" / "model.safetensors"))
+    assert main(_argv(tmp_path, tmp_path / "ad", 40, ["--kl-weight", "0.5"])) == 0
+    logs = [json.loads(x) for x in (tmp_path / "ad" / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["matp_loss"] for r in logs if "matp_loss" in r]
+    assert "ntp_loss" not in logs[0] and "kl" in logs[0]
+    assert losses[-1] < 0.7 * losses[0]
+    files = sorted(p.name for p in (tmp_path / "ad").iterdir())
+    assert "adapter_model.safetensors" in files and "model.safetensors" not in files
+    ck = sorted(p.name for p in (tmp_path / "ad" / "checkpoint-40").iterdir())
+    assert "adapter_model.safetensors" in ck and "model.safetensors" not in ck
+    after = load_file(str(tmp_path / "model" / "model.safetensors"))
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+    model, tok = sbd.load(tmp_path / "ad")  # the folder names its base model
+    assert adapters.adapter_of(model).config.block_size == 4
+    prompt = tok("count 3:").input_ids
+    base, _ = sbd.load(tmp_path / "model")
+    ref = sbd.generate(base, tok, [prompt], method="ntp", max_new_tokens=20)
+    out = sbd.generate(model, tok, [prompt], method="sbd-verify", max_new_tokens=20)
+    assert out.token_ids == ref.token_ids
+
+    # resume: a run stopped at 20 and continued to 40 ends with the same adapter
+    assert main(_argv(tmp_path, tmp_path / "r", 40, ["--kl-weight", "0.5", "--save-total-limit", "0"])) == 0
+    half = tmp_path / "half"
+    half.mkdir()
+    import shutil
+
+    shutil.copytree(tmp_path / "r" / "checkpoint-20", half / "checkpoint-20")
+    shutil.copy(tmp_path / "r" / "sbd_train.json", half / "sbd_train.json")
+    assert main(_argv(tmp_path, half, 40, ["--kl-weight", "0.5", "--resume", "--save-total-limit", "0"])) == 0
+    a = load_file(str(tmp_path / "r" / "adapter_model.safetensors"))
+    b = load_file(str(half / "adapter_model.safetensors"))
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+
+def test_distill_records_train_and_resume_after_a_torn_line(tmp_path, capsys):
+    _setup(tmp_path)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("count 1:\ncount 2:\ncount 3:\n")
+    out = tmp_path / "d.jsonl"
+    argv = ["distill", "--model", str(tmp_path / "model"), "--prompts", str(prompts), "--out", str(out),
+            "--no-chat", "--max-new-tokens", "12", "--batch-size", "2", "--no-progress"]
+    assert main(argv) == 0
+    recs = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["index"] for r in recs] == [0, 1, 2]
+    model, tok = sbd.load(tmp_path / "model")
+    ref = sbd.generate(model, tok, ["count 2:"], method="ntp", max_new_tokens=12)
+    assert recs[1]["completion_ids"] == ref.token_ids[0] and recs[1]["prompt_ids"] == tok("count 2:").input_ids
+    out.write_text("\n".join(out.read_text().splitlines()[:2]) + '\n{"index": 2, "prom')  # torn last write
+    assert main(argv) == 0
+    assert "distilled 1 new" in capsys.readouterr().out
+    again = [json.loads(x) for x in out.read_text().splitlines()]
+    assert again == recs
+    assert main(["train", "--model", str(tmp_path / "model"), "--data", str(out), "--out", str(tmp_path / "t"),
+                 "--adapter", "lora", "--steps", "2", "--batch-size", "3", "--no-progress"]) == 0
