@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import shlex
 import sys
-from pathlib import Path
 
 from ..errors import SBDError
 from .args import positive_list as parse_sizes
@@ -31,8 +30,10 @@ def add_bench_parser(sub):
                    help=f"held-out task problems as prompts, scored for accuracy (default: {DEFAULT_TASKS} "
                         "unless --prompts is given)")
     p.add_argument("--n", type=_positive, default=10, help="problems per task, or random prompts with --shape (default: 10)")
-    p.add_argument("--prompts", metavar="FILE", default=None,
-                   help="text file with one prompt per line, instead of task problems (no accuracy column)")
+    p.add_argument("--prompts", metavar="SOURCE", default=None,
+                   help="prompts instead of task problems (no accuracy column): FILE.txt (one per line, \\n for a line "
+                        "break), FILE.jsonl ({prompt} or {messages} per line), task:NAME?split=test&n=N or "
+                        "reasoning-gym:NAME?size=N&seed=S")
     p.add_argument("--prompt-tokens", type=_positive, default=64,
                    help="with --shape: tokens per random prompt (default: 64)")
     p.add_argument("--methods", default="hf,prompt-lookup,ntp,sbd,sbd-verify", metavar="LIST",
@@ -64,18 +65,11 @@ def add_bench_parser(sub):
     return p
 
 
-def _prompts(args) -> tuple[list[str], list[dict] | None]:
+def _prompts(args) -> tuple[list, list[dict] | None]:
     if args.prompts:
-        path = Path(args.prompts)
-        if not path.is_file():
-            raise SBDError(f"prompt file {args.prompts!r} does not exist")
-        try:
-            lines = [ln for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]
-        except UnicodeDecodeError:
-            raise SBDError(f"prompt file {args.prompts!r} is not UTF-8 text") from None
-        if not lines:
-            raise SBDError(f"prompt file {args.prompts!r} has no prompts")
-        return [ln.replace("\\n", "\n") for ln in lines], None
+        from ..tasks.prompts import load_prompts
+
+        return load_prompts(args.prompts), None
     from ..tasks import make_split
 
     examples = [ex for t in (args.task or parse_tasks(DEFAULT_TASKS)) for ex in make_split(t, "test", args.n, args.seed)]

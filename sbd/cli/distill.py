@@ -32,7 +32,8 @@ def cmd_distill(args) -> None:
     import torch
 
     from ..models.loading import load
-    from ..training.distill import distill, load_prompts
+    from ..tasks.prompts import load_prompts
+    from ..training.distill import distill
 
     if args.threads:
         torch.set_num_threads(args.threads)
