@@ -151,7 +151,7 @@ def test_bad_inputs_give_one_clear_error(workdir, tmp_path, capsys):
     assert "latin1.jsonl:2: not UTF-8" in run(data=str(tmp_path / "latin1.jsonl"))
     assert "at least 2" in run(data=_write(tmp_path / "s.jsonl", ['{"text": ""}']))
     long_prompt = json.dumps({"prompt": " ".join(["1 2 3"] * 10), "completion": "4"})
-    assert "no room for the completion" in run("--max-len", "8", data=_write(tmp_path / "p.jsonl", [long_prompt]))
+    assert "no room for the completion" in run("--max-len", "8", "--block-size-max", "4", data=_write(tmp_path / "p.jsonl", [long_prompt]))
     assert "--lr must be a positive" in run("--lr", "-1")
     assert "--lr must be a positive" in run("--lr", "nan")
     assert "--steps must be >= 1" in run("--steps", "0")

@@ -22,7 +22,7 @@ from typing import Sequence
 
 import torch
 
-from ..decoding.generate import default_eos_ids, encode_prompts, generate
+from ..decoding.generate import check_prompt_ids, default_eos_ids, encode_prompts, generate
 from ..errors import SBDError
 from ..modes import eval_mode
 from .forward_cost import Shape, _sync, time_forwards
@@ -244,6 +244,7 @@ def bench(model, tokenizer, prompts: Sequence, methods: Sequence[Method], *, bat
 
     _check_inputs(model, tokenizer, prompts, methods, batch_sizes, repeats, max_new_tokens, assistant)
     prompt_ids = encode_prompts(tokenizer, list(prompts), chat)
+    check_prompt_ids(model, tokenizer, prompt_ids)  # before any row: HF's rows would not refuse a mask token
     eos = default_eos_ids(model, tokenizer)
     device = model.get_input_embeddings().weight.device
     rows: list[BenchRow] = []

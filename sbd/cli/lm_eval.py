@@ -57,6 +57,23 @@ def print_stats(stats: dict) -> None:
         print(f"| {name} | {c['requests']} | {c['tokens']} | {c['nfe']} | {tpf} | {nfe} | {c['seconds']:.1f} | {tps} |")
 
 
+def _check_tasks(tasks: str | None, include_path: str | None) -> None:
+    """Unknown task names are one line naming where tasks come from (the harness would print a traceback)."""
+    if not tasks or tasks == "list" or tasks.startswith("list_"):
+        return
+    names = [t for t in tasks.split(",") if t and not any(c in t for c in "*?[") and not Path(t).exists()]
+    if not names:
+        return
+    from lm_eval.tasks import TaskManager
+
+    known = set(TaskManager(include_path=include_path or str(TASKS_DIR)).all_tasks)
+    unknown = [t for t in names if t not in known]
+    if unknown:
+        raise SBDError(f"unknown lm-eval task(s) {', '.join(unknown)}: tasks come from lm-eval's own registry and "
+                       f"sbd's offline tasks in {TASKS_DIR} (sbd_gsm_symbolic, sbd_humaneval, sbd_reasoning, ...); "
+                       "`sbd lm-eval --tasks list` lists them")
+
+
 def run_lm_eval(argv: list[str]) -> None:
     try:
         from lm_eval.__main__ import cli_evaluate
@@ -67,6 +84,7 @@ def run_lm_eval(argv: list[str]) -> None:
     argv = list(argv)
     if _option(argv, "--include_path") is None and argv and argv[0] not in ("-h", "--help"):
         argv += ["--include_path", str(TASKS_DIR)]
+    _check_tasks(_option(argv, "--tasks", "-t"), _option(argv, "--include_path"))
     started = time.time()
     saved, sys.argv = sys.argv, ["lm_eval", *argv]
     try:

@@ -27,7 +27,8 @@ def _add_init(sub) -> None:
                        description="Create a randomly initialised Llama-style model (or another family) with a "
                                    "byte-level BPE tokenizer trained on --corpus and an SBD mask token. Its output "
                                    "is random text until it is trained.")
-    p.add_argument("--out", required=True, help="folder to write the model to (created)")
+    p.add_argument("--out", required=True, help="folder to write the model to (created; must be empty)")
+    p.add_argument("--force", action="store_true", help="write into a non-empty --out, replacing its model files")
     p.add_argument("--arch", default="llama", choices=["llama", "qwen2", "qwen3", "mistral"],
                    help="model family (default: llama)")
     p.add_argument("--corpus", help="text file to train the tokenizer on (default: a few built-in sentences)")
@@ -102,12 +103,23 @@ def cmd_init(args) -> None:
 
     from ..models import tiny
 
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise SBDError(f"--out {args.out!r} is a file, not a folder")
+    if out.is_dir() and any(out.iterdir()) and not args.force:
+        raise SBDError(f"--out {args.out!r} is not empty (it may hold a trained model); choose an empty folder "
+                       "or pass --force to replace what is there")
     texts = tiny.SAMPLE_TEXT
     if args.corpus:
         path = Path(args.corpus)
         if not path.is_file():
             raise SBDError(f"corpus file {args.corpus!r} does not exist")
-        texts = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        try:
+            raw = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise SBDError(f"corpus file {args.corpus!r} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset "
+                           f"{e.start}); save it as UTF-8") from None
+        texts = [line for line in raw.splitlines() if line.strip()]
         if not texts:
             raise SBDError(f"corpus file {args.corpus!r} is empty")
     if args.hidden % args.heads or args.heads % args.kv_heads:
@@ -127,6 +139,10 @@ def cmd_generate(args) -> None:
     methods = ["ntp", "sbd", "sbd-verify"] if args.compare else [args.method]
     kw = dict(block_size=args.block_size, gamma=args.gamma, proxy=args.proxy, max_new_tokens=args.max_new_tokens,
               temperature=args.temperature, seed=args.seed, stop=args.stop, chat=args.chat)
+    from ..decoding.generate import check_context, encode_prompts
+
+    # the user's budget is checked before the short warm-up calls, so an error names the user's numbers
+    check_context(model, encode_prompts(tokenizer, args.prompts, args.chat), args.max_new_tokens)
     results = {}
     for method in methods:
         mkw = {**kw, "draft": args.draft} if method == "sbd-verify" else kw

@@ -24,7 +24,9 @@ def model_from_args(args):
     dtype = getattr(torch, args.dtype) if args.dtype else None
     if args.shape:
         from ..benchmarking.presets import random_model_like
+        from ..models.loading import check_device
 
+        check_device(args.device)
         if dtype is None:
             dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
         return random_model_like(args.shape, dtype=dtype, device=args.device), None

@@ -116,6 +116,13 @@ def apply_chat(tokenizer, prompt) -> list[int]:
     return tokenizer(text, add_special_tokens=False).input_ids  # the template already holds any BOS
 
 
+def _check_text(text: str, i: int) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # e.g. a command-line argument in another encoding (surrogate-escaped bytes)
+        raise SBDError(f"prompt {i} is not valid UTF-8 text") from None
+
+
 def encode_prompts(tokenizer, prompts, chat: bool = False) -> list[list[int]]:
     """Strings through the tokenizer (through its chat template when `chat`), token-id lists as they
     are; empty input is an error."""
@@ -127,21 +134,51 @@ def encode_prompts(tokenizer, prompts, chat: bool = False) -> list[list[int]]:
     encoded = []
     for i, p in enumerate(prompts):
         if chat and (isinstance(p, str) or (isinstance(p, (list, tuple)) and p and isinstance(p[0], dict))):
+            if isinstance(p, str):
+                _check_text(p, i)
             ids = apply_chat(tokenizer, p)
         elif isinstance(p, str):
+            _check_text(p, i)
             if tokenizer is None:
                 raise SBDError("string prompts need a tokenizer; pass token ids or the model's tokenizer")
             ids = tokenizer(p).input_ids
         elif isinstance(p, torch.Tensor):
             ids = p.flatten().tolist()
-        else:
+        elif isinstance(p, (list, tuple)):
             ids = list(p)
+        else:
+            raise SBDError(f"prompt {i} is {type(p).__name__}, not a string or a list of token ids")
         if not all(isinstance(t, int) for t in ids):
             raise SBDError(f"prompt {i} is neither a string nor a list of token ids")
         if len(ids) == 0:
             raise SBDError(f"prompt {i} is empty")
         encoded.append(ids)
     return encoded
+
+
+def check_context(model, prompt_ids: list[list[int]], max_new_tokens: int) -> None:
+    """The longest prompt plus the budget fits the model's context, or SBDError saying by how much."""
+    limit = context_limit(model)
+    longest = max(len(p) for p in prompt_ids)
+    if limit is not None and longest + max_new_tokens > limit:
+        raise SBDError(
+            f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's context of {limit}"
+        )
+
+
+def check_prompt_ids(model, tokenizer, prompt_ids: list[list[int]]) -> None:
+    """Every prompt token lies in the vocabulary and none is the SBD mask token (whose text in a prompt
+    would otherwise be read as a mask and derail decoding): the one rule, for every entry point."""
+    vocab = model.get_input_embeddings().num_embeddings
+    if any(t < 0 or t >= vocab for p in prompt_ids for t in p):
+        raise SBDError(f"a prompt token id lies outside the model's vocabulary of {vocab}")
+    mask_id = getattr(model.config, "sbd_mask_token_id", None)
+    if mask_id is not None:
+        for i, p in enumerate(prompt_ids):
+            if mask_id in p:
+                text = tokenizer.convert_ids_to_tokens(int(mask_id)) if tokenizer is not None else f"id {mask_id}"
+                raise SBDError(f"prompt {i} contains the SBD mask token {text!r}; it is reserved for decoding and "
+                               "cannot appear in a prompt")
 
 
 def _validate(model, method, block_size, gamma, proxy, max_new_tokens, temperature, stop, draft="block"):
@@ -166,7 +203,12 @@ def _validate(model, method, block_size, gamma, proxy, max_new_tokens, temperatu
         raise SBDError(f"temperature must be a number >= 0, got {temperature!r}")
     if stop is not None and (isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop)):
         raise SBDError("stop must be a list of non-empty strings")
-    if method in ("sbd", "sbd-verify") and getattr(model.config, "sbd_mask_token_id", None) is None:
+    mask_id = getattr(model.config, "sbd_mask_token_id", None)
+    vocab = model.get_input_embeddings().num_embeddings
+    if mask_id is not None and not (isinstance(mask_id, int) and 0 <= mask_id < vocab):
+        raise SBDError(f"the model's SBD mask token id {mask_id!r} lies outside its {vocab} embeddings "
+                       "(config.sbd_mask_token_id); add the token with sbd.add_mask_token(model, tokenizer)")
+    if method in ("sbd", "sbd-verify") and mask_id is None:
         raise SBDError(
             "this model has no SBD mask token (config.sbd_mask_token_id); add one with "
             "sbd.add_mask_token(model, tokenizer) and fine-tune it with `sbd train`, or use method='ntp'"
@@ -228,15 +270,9 @@ def generate(
                                            or reveal_per_forward < 1):
         raise SBDError("reveal_per_forward is an integer >= 1 and applies to method='sbd' only")
     prompt_ids = encode_prompts(tokenizer, prompts, chat)
-    limit = context_limit(model)
+    check_context(model, prompt_ids, max_new_tokens)
     longest = max(len(p) for p in prompt_ids)
-    if limit is not None and longest + max_new_tokens > limit:
-        raise SBDError(
-            f"prompt ({longest} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's context of {limit}"
-        )
-    vocab = model.get_input_embeddings().num_embeddings
-    if any(t < 0 or t >= vocab for p in prompt_ids for t in p):
-        raise SBDError(f"a prompt token id lies outside the model's vocabulary of {vocab}")
+    check_prompt_ids(model, tokenizer, prompt_ids)
     device = model.get_input_embeddings().weight.device
     if eos_token_ids is None:
         eos_token_ids = default_eos_ids(model, tokenizer)

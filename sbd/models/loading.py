@@ -50,6 +50,23 @@ def _check_model_dir(path: Path) -> None:
                        "with its vocabulary (tokenizer.model, or vocab.json and merges.txt)")
 
 
+def check_device(device) -> str:
+    """`device` as torch names it, or SBDError in one line for a name torch does not know or a device
+    this machine does not have."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise SBDError(f"unknown device {device!r}; use cpu, cuda, cuda:N or mps") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SBDError(f"device {device!r} asked for, but this machine has no CUDA GPU (or this torch has no CUDA "
+                       "support); use --device cpu")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        raise SBDError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise SBDError(f"device {device!r} asked for, but MPS is not available here; use --device cpu")
+    return str(dev)
+
+
 def cache_dir() -> Path:
     """Where imported packaged models are kept ($SBD_CACHE, default ~/.cache/sbd)."""
     return Path(os.environ.get("SBD_CACHE") or Path.home() / ".cache" / "sbd")
@@ -94,6 +111,7 @@ def load(path, *, adapter=None, device: str | None = None, dtype: torch.dtype | 
 
     from .. import adapter as adapters
 
+    device = check_device(device or "cpu")
     if str(path) in DEMO_NAMES and not Path(path).exists():
         path = demo_path(str(path))
     elif str(path) in PACKAGED_MODELS and not Path(path).exists():

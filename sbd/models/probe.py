@@ -40,6 +40,10 @@ def probe_model(model, prefix_len: int = 8, block: int = 4, seed: int = 0) -> No
         return model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
                      past_key_values=cache, use_cache=cache is not None).logits
 
+    with torch.no_grad():
+        for pname, param in model.named_parameters():
+            if param.is_floating_point() and not bool(torch.isfinite(param).all()):
+                raise SBDError(f"{name}'s weights are not finite: {pname} holds NaN or infinite values")
     try:
         with eval_mode(model), torch.inference_mode():
             plain = model(input_ids=ids).logits

@@ -89,6 +89,9 @@ def load_records(spec: str) -> list[dict]:
                 raise SBDError(f"record {n} of {spec!r}: 'prompt_ids' and 'completion_ids' must both be lists of "
                                "token ids")
             continue
+        if "text" in r and ("prompt" in r or "completion" in r):
+            raise SBDError(f"record {n} of {spec!r} has both 'text' and 'prompt'/'completion': keep one form "
+                           "(text: loss everywhere; prompt/completion: loss on the completion)")
         if "text" in r:
             ok = isinstance(r["text"], str)
         elif "prompt" in r or "completion" in r:

@@ -19,6 +19,7 @@ from ..errors import SBDError
 RUN_FILE = "sbd_train.json"
 METRICS_FILE = "metrics.jsonl"
 RG_PREFIX = "reasoning-gym:"
+DEFAULT_MAX_LEN = 1024
 
 
 def _opt(help_text: str, **extra) -> dict:
@@ -54,7 +55,8 @@ class TrainConfig:
     lr: float = field(default=3e-4, metadata=_opt("peak learning rate of AdamW"))
     warmup_steps: Optional[int] = field(default=None, metadata=_opt(
         "linear warmup before the cosine decay (default: 200, or steps/10 if that is smaller)"))
-    max_len: int = field(default=1024, metadata=_opt("longer sequences are truncated"))
+    max_len: Optional[int] = field(default=None, metadata=_opt(
+        "longer sequences are truncated (default: 1024, or the model's context if that is shorter)"))
     block_size_min: int = field(default=2, metadata=_opt("smallest block size drawn"))
     block_size_max: int = field(default=16, metadata=_opt("largest block size drawn"))
     block_size: Optional[int] = field(default=None, metadata=_opt("use this block size at every step instead"))
@@ -114,7 +116,7 @@ class TrainConfig:
             raise SBDError(f"--kl-weight must be a number >= 0, got {self.kl_weight}")
         if self.kl_weight and self.adapter is None:
             raise SBDError("--kl-weight applies to --adapter runs only")
-        if self.max_len < 2:
+        if self.max_len is not None and self.max_len < 2:
             raise SBDError(f"--max-len must be >= 2, got {self.max_len}")
         if not 1 <= self.block_size_min <= self.block_size_max:
             raise SBDError(f"need 1 <= --block-size-min <= --block-size-max, got {self.block_size_min} and "
@@ -149,8 +151,51 @@ def _check_paths(config: TrainConfig) -> None:
     for flag, spec in (("--data", config.data), ("--eval-data", config.eval_data)):
         if spec is not None and not spec.startswith(RG_PREFIX) and not Path(spec).is_file():
             raise SBDError(f"{flag} file {spec!r} does not exist")
-    if Path(config.out).exists() and not Path(config.out).is_dir():
+    out, model = Path(config.out), Path(config.model)
+    if out.exists() and not out.is_dir():
         raise SBDError(f"--out {config.out!r} exists and is not a folder")
+    if any(p.is_file() for p in out.parents if p != Path(".")):
+        raise SBDError(f"--out {config.out!r} lies under a file")
+    if model.exists() and out.exists() and out.resolve() == model.resolve():
+        raise SBDError(f"--out is the --model folder {config.model!r}: the run would overwrite the model it starts "
+                       "from; choose another --out")
+    if (out / "config.json").is_file() and not (out / RUN_FILE).is_file():
+        raise SBDError(f"--out {config.out!r} holds a model that no sbd train run made; choose another --out")
+    if config.attention == "flex":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SBDError("--attention flex needs a CUDA GPU (flex_attention trains on CUDA only); on this machine "
+                           "use --attention auto or sdpa")
+    _check_lengths(config)
+
+
+def _check_lengths(config: TrainConfig) -> None:
+    """Block sizes against --max-len and the model's context, --max-len against the context, and the
+    dense training mask against memory, before anything is loaded."""
+    largest = config.block_size or config.block_size_max
+    context = None
+    try:
+        cfg = json.loads((Path(config.model) / "config.json").read_text(encoding="utf-8"))
+        cfg = cfg.get("text_config", cfg)
+        context = min(int(v) for v in (cfg.get("max_position_embeddings"), cfg.get("sliding_window"))
+                      if isinstance(v, int) and v > 0)
+    except (OSError, ValueError, TypeError, AttributeError):
+        pass  # sbd.load names a missing or broken config later
+    if config.max_len is None:
+        config.max_len = min(DEFAULT_MAX_LEN, context or DEFAULT_MAX_LEN)
+    elif context is not None and config.max_len > context:
+        raise SBDError(f"--max-len {config.max_len} exceeds the model's context of {context} positions; "
+                       f"use --max-len {context} or less")
+    if largest > config.max_len:
+        raise SBDError(f"block size {largest} exceeds --max-len {config.max_len}: a block must fit in a sequence")
+    # the doubled sequence is at most max_len + (max_len rounded up to a block) long; its dense bool mask
+    # is (batch, T, T) bytes on CPU
+    t = config.max_len + -(-config.max_len // largest) * largest
+    mask_bytes = config.batch_size * t * t
+    if mask_bytes > 8 * 2**30:
+        raise SBDError(f"--batch-size {config.batch_size} at --max-len {config.max_len} needs a {mask_bytes / 2**30:.0f} "
+                       "GiB attention mask per micro-batch; lower --max-len or --batch-size")
 
 
 def _resume_point(config: TrainConfig) -> str | None:
@@ -200,12 +245,19 @@ def train(config: TrainConfig) -> Path:
     raise SBDError before any model is loaded where possible.
     """
     _check_paths(config)
-    if not _is_main_process():
-        return _run(config)
-    from .run_lock import run_lock
+    try:
+        if not _is_main_process():
+            return _run(config)
+        from .run_lock import run_lock
 
-    with run_lock(config.out):  # a second run on the same folder is refused; a crash releases the lock
-        return _run(config)
+        with run_lock(config.out):  # a second run on the same folder is refused; a crash releases the lock
+            return _run(config)
+    except OSError as e:  # a read-only or full disk, a missing permission: name the path and the reason
+        where = e.filename or config.out
+        if str(Path(config.out).resolve()) not in str(Path(str(where)).resolve()):
+            raise
+        raise SBDError(f"cannot write {where}: {e.strerror or e} (checkpoints already in {config.out} are "
+                       "intact; free space or fix permissions, then --resume)") from None
 
 
 def _run(config: TrainConfig) -> Path:

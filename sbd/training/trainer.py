@@ -331,6 +331,12 @@ class SBDTrainer(Trainer):
         self._staging = ckpt.staging_dir(run_dir)
         try:
             super()._save_checkpoint(model, trial)
+        except (OSError, RuntimeError) as e:  # a full disk: torch.save says so as a RuntimeError
+            if isinstance(e, RuntimeError) and "writ" not in str(e).lower():
+                raise
+            reason = getattr(e, "strerror", None) or str(e).strip().splitlines()[0]
+            raise SBDError(f"cannot write {name} into {run_dir}: {reason}; the checkpoints already there are "
+                           "intact (free space, then --resume)") from None
         finally:
             self._staging = None
         self.accelerator.wait_for_everyone()  # every rank has written its files (RNG state is per rank)
