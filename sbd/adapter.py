@@ -187,8 +187,9 @@ def merge(model) -> None:
                    "merged weights would change the model's own next-token predictions")
 
 
-def save(model, folder) -> Path:
-    """Write `adapter_config.json` and `adapter_model.safetensors` (peft's layout) into `folder`."""
+def save(model, folder, dtype: torch.dtype = torch.float32) -> Path:
+    """Write `adapter_config.json` and `adapter_model.safetensors` (peft's layout) into `folder`;
+    `dtype` of the stored tensors (bfloat16 halves the file; loading casts to the model's dtype)."""
     from safetensors.torch import save_file
 
     adapter = adapter_of(model)
@@ -198,10 +199,10 @@ def save(model, folder) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {}
     for name in adapter.names:
-        tensors[f"{_PREFIX}{name}.lora_A.weight"] = adapter.lora_A[_key(name)].detach().float().cpu().contiguous()
-        tensors[f"{_PREFIX}{name}.lora_B.weight"] = adapter.lora_B[_key(name)].detach().float().cpu().contiguous()
+        tensors[f"{_PREFIX}{name}.lora_A.weight"] = adapter.lora_A[_key(name)].detach().to(dtype).cpu().contiguous()
+        tensors[f"{_PREFIX}{name}.lora_B.weight"] = adapter.lora_B[_key(name)].detach().to(dtype).cpu().contiguous()
     embed = next(n for n, m in model.named_modules() if m is model.get_input_embeddings())
-    tensors[f"{_PREFIX}{embed}.{_MASK_KEY}"] = adapter.mask_embedding.detach().float().cpu().contiguous()
+    tensors[f"{_PREFIX}{embed}.{_MASK_KEY}"] = adapter.mask_embedding.detach().to(dtype).cpu().contiguous()
     save_file(tensors, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
     (folder / CONFIG_NAME).write_text(json.dumps(asdict(adapter.config), indent=1))
     return folder
