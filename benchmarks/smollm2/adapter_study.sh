@@ -8,7 +8,7 @@
 set -euo pipefail
 WORK=$(realpath -m "${1:-runs/smollm2}")
 RESULTS=$(cd "$(dirname "$0")" && pwd)/results
-GSM_N=${GSM_N:-320}; VARIED_N=${VARIED_N:-10}; STEPS=${STEPS:-120}; EVAL_N=${EVAL_N:-10}
+GSM_N=${GSM_N:-320}; VARIED_N=${VARIED_N:-40}; STEPS=${STEPS:-200}; EVAL_N=${EVAL_N:-10}
 mkdir -p "$WORK" "$RESULTS"
 cd "$WORK"
 T="--threads 2"
@@ -18,12 +18,10 @@ T="--threads 2"
 
 # 2. self-distilled training data: the model's own greedy answers through its chat template.
 #    gsm_symbolic train-split questions, then a varied set of reasoning-gym instructions.
-sbd distill --model base --prompts "task:gsm_symbolic?split=train&n=$GSM_N" --out distill_gsm.jsonl \
-  --batch-size 16 --max-new-tokens 256 $T --no-progress
-sbd distill --model base --out distill_varied.jsonl --batch-size 16 --max-new-tokens 128 $T --no-progress \
+sbd distill --model base --prompts "task:gsm_symbolic?split=train&n=$GSM_N" \
   --prompts "reasoning-gym:letter_counting?size=$VARIED_N&seed=1" --prompts "reasoning-gym:spell_backward?size=$VARIED_N&seed=1" \
-  --prompts "reasoning-gym:word_sorting?size=$VARIED_N&seed=1" --prompts "reasoning-gym:base_conversion?size=$VARIED_N&seed=1"
-cat distill_gsm.jsonl distill_varied.jsonl > distill_train.jsonl
+  --prompts "reasoning-gym:word_sorting?size=$VARIED_N&seed=1" --prompts "reasoning-gym:base_conversion?size=$VARIED_N&seed=1" \
+  --out distill_train.jsonl --batch-size 16 --max-new-tokens 256 $T --no-progress
 
 # 3. held-out prompts: gsm_symbolic test-split questions, and another distribution (HumanEval
 #    prompts, reasoning-gym tasks not trained on)
@@ -51,10 +49,14 @@ if [ ! -f adapter/adapter_model.safetensors ]; then
   resume=""; ls -d adapter/checkpoint-* >/dev/null 2>&1 && resume="--resume"
   sbd train --model base --data distill_train.jsonl --out adapter --adapter lora --rank 16 --alpha 32 \
     --kl-weight 1 --mask-rate 1.0 --align-to-completion --steps "$STEPS" --batch-size 8 --max-len 512 --lr 1e-3 \
-    --warmup-steps 10 --save-steps 10 --save-total-limit 2 --logging-steps 5 --seed 0 --no-progress $resume
+    --warmup-steps 10 --save-steps 25 --save-total-limit 0 --logging-steps 5 --seed 0 --no-progress $resume
 fi
 
-# 5. wall-clock against the original model's HF greedy and prompt-lookup, batch 1, interleaved
+# 5. the learning curve: held-out tokens per forward of every checkpoint
+[ -f "$RESULTS/adapter_learning_curve.md" ] || python "$(dirname "$RESULTS")/learning_curve.py" adapter \
+  heldout_gsm.jsonl --n 6 --block-size 8 --out "$RESULTS/adapter_learning_curve.md"
+
+# 6. wall-clock against the original model's HF greedy and prompt-lookup, batch 1, interleaved
 for set in gsm other; do
   [ -d "$RESULTS/bench_adapter_$set" ] && continue
   sbd bench --model adapter --prompts heldout_$set.jsonl --chat --methods hf,prompt-lookup,ntp,sbd-verify,sbd \

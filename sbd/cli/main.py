@@ -50,7 +50,8 @@ def _add_generate(sub) -> None:
     p.add_argument("--method", default="sbd", choices=["sbd", "ntp", "sbd-verify"],
                    help="sbd: set block decoding; ntp: one token per forward; sbd-verify: SBD drafts checked by "
                         "the model's own next-token head, NTP's exact output in fewer forwards (default: sbd)")
-    p.add_argument("--block-size", type=_positive, default=16, help="tokens per block (default: 16)")
+    p.add_argument("--block-size", type=_positive, default=None,
+                   help="tokens per block (default: the block size a drafting adapter was trained for, else 16)")
     p.add_argument("--draft", default="block", choices=["block", "eb"],
                    help="sbd-verify only: block = the whole block the masked head predicts, in the verifying "
                         "forward; eb = revealed by the EB rule (--gamma, --proxy) over forwards of its own, greedy "
