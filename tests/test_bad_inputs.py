@@ -133,3 +133,19 @@ def test_lm_eval_unknown_task_is_one_line(capsys):
     pytest.importorskip("lm_eval")
     _one_line_error(capsys, ["lm-eval", "--model", "sbd", "--model_args", "pretrained=demo", "--tasks", "no_such_task"],
                     "unknown lm-eval task", "no_such_task")
+
+
+def test_a_read_only_out_is_one_line_with_the_path(root, tmp_path, capsys, monkeypatch):
+    import errno
+    import pathlib
+
+    target = tmp_path / "ro" / "run"
+    real_mkdir = pathlib.Path.mkdir
+
+    def mkdir(self, *args, **kwargs):
+        if str(self).startswith(str(tmp_path / "ro")):
+            raise OSError(errno.EROFS, "Read-only file system", str(self))
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "mkdir", mkdir)
+    _one_line_error(capsys, _train(root, target), "Read-only file system", str(target))
