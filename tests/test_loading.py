@@ -153,3 +153,22 @@ def test_add_mask_token_resizes_when_the_token_is_new():
     assert mask_id == 3 and tok.mask_token == "<|mask|>"
     assert model.get_input_embeddings().num_embeddings == 4
     assert model.get_output_embeddings().weight.shape[0] == 4
+
+
+def test_an_added_mask_row_is_deterministic_the_mean_of_the_others(monkeypatch):
+    from transformers import PreTrainedTokenizerFast
+
+    from sbd.models import loading
+
+    monkeypatch.setattr(loading, "MASK_TOKEN", "<|a_new_mask|>")  # not in the vocabulary: a row is added
+    base = tiny.build_tokenizer(vocab_size=300)
+    rows = []
+    for _ in range(2):
+        tok = PreTrainedTokenizerFast(tokenizer_object=base.backend_tokenizer, eos_token=tiny.EOS)
+        model = tiny.random_model(tiny.tiny_config("llama", vocab_size=len(tok), hidden=32), seed=1)
+        n = model.get_input_embeddings().num_embeddings
+        mask_id = sbd.add_mask_token(model, tok)
+        emb = model.get_input_embeddings().weight
+        assert mask_id >= n and torch.allclose(emb[mask_id], emb[:n].mean(0))
+        rows.append(emb[mask_id].clone())
+    assert torch.equal(rows[0], rows[1])

@@ -180,7 +180,13 @@ def add_mask_token(model, tokenizer) -> int:
         tokenizer.add_special_tokens({"mask_token": MASK_TOKEN})
         mask_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
         if mask_id >= n_embeddings:
-            model.resize_token_embeddings(mask_id + 1)
+            model.resize_token_embeddings(mask_id + 1, mean_resizing=False)
+            with torch.no_grad():  # deterministic: the mean of the existing rows (no random draw per import)
+                emb = model.get_input_embeddings().weight
+                emb[n_embeddings:] = emb[:n_embeddings].mean(0)
+                out = model.get_output_embeddings()
+                if out is not None and out.weight is not emb:
+                    out.weight[n_embeddings:] = out.weight[:n_embeddings].mean(0)
     elif getattr(tokenizer, "mask_token", None) is None:
         tokenizer.mask_token = tokenizer.convert_ids_to_tokens(mask_id)
     model.config.sbd_mask_token_id = int(mask_id)
