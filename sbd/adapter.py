@@ -102,7 +102,11 @@ def _linear_hook(adapter: DraftingAdapter, name: str):
         x = args[0]
         if s == 0:
             return output + adapter.delta(name, x)
-        return torch.cat([output[..., :s, :], output[..., s:, :] + adapter.delta(name, x[..., s:, :])], dim=-2)
+        delta = adapter.delta(name, x[..., s:, :])
+        if not torch.is_grad_enabled():  # decoding: add into the block's rows, no copy of the whole output
+            output[..., s:, :] += delta
+            return output
+        return torch.cat([output[..., :s, :], output[..., s:, :] + delta], dim=-2)
     return hook
 
 
@@ -112,11 +116,10 @@ def _embedding_hook(adapter: DraftingAdapter):
     def hook(module, args, output):
         if adapter.start is None:
             return output
-        ids = args[0]
-        gated = torch.zeros_like(ids, dtype=torch.bool)
-        gated[..., adapter.start:] = True
-        hit = (ids == mask_id) & gated
-        return torch.where(hit[..., None], adapter.mask_embedding.to(output.dtype), output)
+        s = adapter.start
+        hit = args[0][..., s:] == mask_id  # mask tokens only ever stand in the gated part
+        block = torch.where(hit[..., None], adapter.mask_embedding.to(output.dtype), output[..., s:, :])
+        return block if s == 0 else torch.cat([output[..., :s, :], block], dim=-2)
     return hook
 
 
