@@ -7,7 +7,8 @@ therefore the frozen model's own, so sbd-verify with the adapter gives the origi
 An adapter-owned embedding replaces the mask token's embedding at gated positions.
 
 The gate is "positions at or after `start` within this forward" (every forward sbd makes puts the
-block after its causal part): `start = None` switches the adapter off, which is the state outside of
+block after its causal part; `start` may also be one column per row, a (B,) tensor, when the rows of
+a batch are at different stages): `start = None` switches the adapter off, which is the state outside of
 `gated(...)`, so any other caller of the model (Hugging Face `generate`, log-likelihoods) sees the
 unchanged model.
 
@@ -71,7 +72,7 @@ class DraftingAdapter(nn.Module):
         super().__init__()
         self.config = config
         self.scaling = config.lora_alpha / config.r
-        self.start: int | None = None  # the gate: None = off; s = positions >= s of this forward
+        self.start: int | torch.Tensor | None = None  # the gate: None = off; s = positions >= s (per row: (B,))
         self.names = sorted(layers)
         self.lora_A = nn.ParameterDict()
         self.lora_B = nn.ParameterDict()
@@ -97,6 +98,8 @@ def _key(name: str) -> str:
 def _linear_hook(adapter: DraftingAdapter, name: str):
     def hook(module, args, output):
         s = adapter.start
+        if isinstance(s, torch.Tensor):  # one start per row
+            return output + adapter.delta(name, args[0]) * _row_gate(s, output)
         if s is None or s >= output.shape[-2]:
             return output
         x = args[0]
@@ -117,10 +120,19 @@ def _embedding_hook(adapter: DraftingAdapter):
         if adapter.start is None:
             return output
         s = adapter.start
+        if isinstance(s, torch.Tensor):  # one start per row
+            hit = (args[0] == mask_id) & _row_gate(s, output)[..., 0].bool()
+            return torch.where(hit[..., None], adapter.mask_embedding.to(output.dtype), output)
         hit = args[0][..., s:] == mask_id  # mask tokens only ever stand in the gated part
         block = torch.where(hit[..., None], adapter.mask_embedding.to(output.dtype), output[..., s:, :])
         return block if s == 0 else torch.cat([output[..., :s, :], block], dim=-2)
     return hook
+
+
+def _row_gate(starts: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+    """(B, q, 1) gate, 1 at columns >= the row's start."""
+    cols = torch.arange(output.shape[-2], device=output.device)
+    return (cols[None] >= starts[:, None]).to(output.dtype)[..., None]
 
 
 def _targets(model, names) -> dict[str, nn.Linear]:

@@ -84,7 +84,7 @@ def test_committed_cache_is_the_original_models_prefill(llama):
         prompt = random_prompts(1, llama.config.vocab_size, lengths=(6,))
         out = sbd.generate(llama, None, prompt, method="sbd-verify", block_size=4, max_new_tokens=20,
                            eos_token_ids=[], observer=lambda r: seen.append(
-                               [(layer.keys.clone(), layer.values.clone()) for layer in r.cache.layers]))
+                               [(k[None].clone(), v[None].clone()) for k, v in r.committed(0)]))
     finally:
         adapters.detach(llama)
     cached = seen[-1]

@@ -80,7 +80,7 @@ def test_cache_after_each_commit_equals_a_causal_prefill(model):
     def observe(r):
         rec(r)
         if r.n_commit:
-            snapshots.append([(layer.keys.clone(), layer.values.clone()) for layer in r.cache.layers])
+            snapshots.append([(k[None].clone(), v[None].clone()) for k, v in r.committed(0)])
 
     prompt = random_prompts(1, model.config.vocab_size, lengths=(5,))
     sbd.generate(model, None, prompt, method="sbd", block_size=4, gamma=0.35, max_new_tokens=16,

@@ -1,4 +1,5 @@
-"""Decoding: `generate` (the API), the NTP and SBD loops, and the preallocated KV cache they share."""
+"""Decoding: `generate` (the API), the engine that batches rows each at its own pace, the rows (NTP,
+SBD, sbd-verify) and the preallocated KV caches they use."""
 
 from .generate import GenerationResult, generate
 

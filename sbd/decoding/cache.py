@@ -113,3 +113,70 @@ def select_rows(cache: Cache, rows: torch.Tensor) -> None:
     """Keep only `rows` of the batch (called when rows finish, not per forward)."""
     for layer in cache.layers:
         layer.batch_select_indices(rows)
+
+
+class SlotLayer(DynamicLayer):
+    """One layer's keys/values for the per-row engine: `slots` rows of `capacity` positions each, plus
+    `trash` positions at the end of every row where padding tokens write (nobody reads them).
+
+    Each row has its own length; the engine says, per forward, which slots take part (`lo:hi`), where each
+    input column writes (`write_at`, (B, W) device positions) and how many positions the forward sees
+    (`visible`: the longest row's end, or the whole capacity for fixed shapes)."""
+
+    def __init__(self, slots: int, capacity: int, trash: int, static: bool = False):
+        super().__init__()
+        self.slots, self.capacity, self.trash, self.static = slots, capacity, trash, static
+        self.lo = self.hi = self.visible = 0
+        self.write_at: torch.Tensor | None = None
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        h, d = key_states.shape[1], key_states.shape[-1]
+        # zeros, not empty: positions a mask hides still enter the attention product as 0·v (never NaN)
+        self._k = key_states.new_zeros((self.slots, h, self.capacity + self.trash, d))
+        self._v = value_states.new_zeros((self.slots, value_states.shape[1], self.capacity + self.trash,
+                                          value_states.shape[-1]))
+        if self.static:
+            torch._dynamo.mark_static_address(self._k)
+            torch._dynamo.mark_static_address(self._v)
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        k, v = self._k[self.lo : self.hi], self._v[self.lo : self.hi]
+        at = self.write_at[:, None, :, None]
+        k.scatter_(2, at.expand_as(key_states), key_states)
+        v.scatter_(2, at.expand(-1, value_states.shape[1], -1, value_states.shape[-1]), value_states)
+        return k[:, :, : self.visible], v[:, :, : self.visible]
+
+    @property
+    def keys(self):
+        return self._k[self.lo : self.hi, :, : self.visible] if self.is_initialized else None
+
+    @keys.setter
+    def keys(self, value):
+        pass
+
+    @property
+    def values(self):
+        return self._v[self.lo : self.hi, :, : self.visible] if self.is_initialized else None
+
+    @values.setter
+    def values(self, value):
+        pass
+
+    def get_seq_length(self) -> int:
+        return self.visible
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        """Copy slot `src`'s first `length` positions into slot `dst` (a finished row's slot is refilled)."""
+        if self.is_initialized and length:
+            self._k[dst, :, :length] = self._k[src, :, :length]
+            self._v[dst, :, :length] = self._v[src, :, :length]
+
+
+def slot_cache(model, slots: int, capacity: int, trash: int, static: bool = False) -> Cache:
+    """A per-row cache for `model`: `slots` rows of `capacity` positions (see `SlotLayer`)."""
+    n_layers = model.config.get_text_config(decoder=True).num_hidden_layers
+    return Cache(layers=[SlotLayer(slots, capacity, trash, static) for _ in range(n_layers)])

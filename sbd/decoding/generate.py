@@ -1,7 +1,7 @@
 """`generate`: decode prompts with NTP or SBD (docs/method.md §3).
 
-Validates the arguments, encodes and left-pads the prompts, runs one of the two loops of
-`sbd.decoding.loops` and returns a `GenerationResult` with the tokens and what they cost.
+Validates the arguments, encodes the prompts, decodes them as rows of the engine
+(`sbd.decoding.engine`, each row at its own pace) and returns a `GenerationResult` with the tokens and what they cost.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from ..adapter import adapter_of
 from ..errors import SBDError
 from ..modes import eval_mode
 from ..sampler import PROXIES
-from .loops import FinishedRows, ForwardRecord, LiveRows, ntp_decode, sbd_decode
-from .verify import verify_decode
+from .engine import Engine, ForwardRecord
+from .rows import make_row
 
 METHODS = ("ntp", "sbd", "sbd-verify")
 DRAFTS = ("block", "eb")  # how sbd-verify drafts: the whole block from one forward, or the EB rule
@@ -226,7 +226,7 @@ def generate(
     proxy: str = "entropy",
     max_new_tokens: int = 256,
     temperature: float = 0.0,
-    seed: int | None = None,
+    seed: int | Sequence[int] | None = None,
     stop: Sequence[str] | None = None,
     eos_token_ids: Sequence[int] | None = None,
     observer: Callable[[ForwardRecord], None] | None = None,
@@ -248,6 +248,8 @@ def generate(
     forward as the draft (gamma and proxy unused); "eb" first reveals it with the EB rule (gamma,
     proxy) over forwards of its own, as SBD would — better drafts for more forwards; greedy only.
 
+    seed (temperature > 0): an int (row i samples with seed + i) or one int per prompt; each row draws
+    from its own stream, so a row samples the same alone as in any batch.
     eos_token_ids: defaults to the tokenizer's and generation config's EOS; `[]` decodes to the budget.
     observer: called after every model forward with a `ForwardRecord` (tests use it to recompute).
     static_shapes: pad every decoding forward to one of a few fixed widths (NTP 1; SBD k and 2k) over a
@@ -271,44 +273,45 @@ def generate(
         raise SBDError("reveal_per_forward is an integer >= 1 and applies to method='sbd' only")
     prompt_ids = encode_prompts(tokenizer, prompts, chat)
     check_context(model, prompt_ids, max_new_tokens)
-    longest = max(len(p) for p in prompt_ids)
     check_prompt_ids(model, tokenizer, prompt_ids)
+    seeds = row_seeds(seed, len(prompt_ids), temperature)
     device = model.get_input_embeddings().weight.device
     if eos_token_ids is None:
         eos_token_ids = default_eos_ids(model, tokenizer)
-    eos = torch.tensor(list(eos_token_ids), dtype=torch.long, device=device)
-    gen = None
-    if temperature > 0:
-        gen = torch.Generator(device=device)
-        gen.manual_seed(seed if seed is not None else torch.seed())
+    common = dict(max_new=max_new_tokens, eos=list(eos_token_ids), stop=stop or [], tokenizer=tokenizer,
+                  temperature=temperature, device=device)
+    mask_id = getattr(model.config, "sbd_mask_token_id", None)
 
     start = time.perf_counter()
-    lengths = torch.tensor([len(p) for p in prompt_ids], device=device)
-    ids = torch.zeros((len(prompt_ids), longest), dtype=torch.long, device=device)
-    for i, p in enumerate(prompt_ids):
-        ids[i, longest - len(p):] = torch.tensor(p, dtype=torch.long)
-    pad = longest - lengths
-    out = FinishedRows(len(prompt_ids), tokenizer, stop or [])
+    rows = [make_row(method, p, mask_id=mask_id, block_size=block_size, gamma=gamma, proxy=proxy, draft=draft,
+                     fixed=reveal_per_forward, seed=s, **common) for p, s in zip(prompt_ids, seeds)]
     k = min(block_size, max_new_tokens)
     widths = () if not (static_shapes or compile) else (1,) if method == "ntp" else (k, 2 * k)
-    static = dict(static_widths=widths, call=compiled(model) if compile else None)
+    engine = Engine(model, len(rows), max(r.needs for r in rows), max_width=2 * block_size + 1,
+                    observer=observer, static_widths=widths, call=compiled(model) if compile else None)
     with eval_mode(model), torch.inference_mode():
-        accepted = []
-        if method == "ntp":
-            rows = LiveRows(model, pad, longest + max_new_tokens, observer, **static)
-            ntp_decode(rows, ids, out, eos, max_new_tokens, temperature, gen)
-        elif method == "sbd-verify":
-            rows = LiveRows(model, pad, longest + max_new_tokens + 2 * block_size, observer, **static)
-            accepted = verify_decode(rows, ids, out, eos, max_new_tokens, block_size,
-                                     int(model.config.sbd_mask_token_id), temperature, gen,
-                                     float(gamma) if draft == "eb" else None, proxy)
-        else:
-            rows = LiveRows(model, pad, longest + max_new_tokens + k, observer, **static)
-            sbd_decode(rows, ids, out, eos, max_new_tokens, k, float(gamma), proxy,
-                       int(model.config.sbd_mask_token_id), temperature, gen, reveal_per_forward)
+        for r in rows:
+            engine.add(r)
+        while engine.live:
+            engine.step()
     seconds = time.perf_counter() - start
     return GenerationResult(
-        texts=out.texts(), token_ids=out.ids, nfe=out.nfe, steps=out.steps, seconds=seconds,
-        method=method, prompt_lengths=[len(p) for p in prompt_ids], accepted=accepted,
+        texts=[r.text() for r in rows], token_ids=[r.out for r in rows], nfe=[r.nfe for r in rows],
+        steps=[r.steps for r in rows], seconds=seconds, method=method,
+        prompt_lengths=[len(p) for p in prompt_ids], accepted=[r.accepted for r in rows],
     )
+
+
+def row_seeds(seed, n: int, temperature: float) -> list[int | None]:
+    """One seed per row, so that a row samples the same alone or in any batch: an int gives rows
+    seed, seed + 1, …; a list gives each row its own; None draws fresh seeds."""
+    if temperature <= 0:
+        return [None] * n
+    if seed is None:
+        return [torch.seed() for _ in range(n)]
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        return [seed + i for i in range(n)]
+    if isinstance(seed, (list, tuple)) and len(seed) == n and all(isinstance(x, int) for x in seed):
+        return list(seed)
+    raise SBDError(f"seed must be an integer or a list of {n} integers (one per prompt), got {seed!r}")
 

@@ -44,7 +44,10 @@ def make_split(task: str, split: str = "train", size: int = 1000, seed: int = 0)
     for idx in range(MAX_DRAWS_PER_EXAMPLE * size + 100):
         if len(out) == size:
             return out
-        entry = ds[idx]
+        try:
+            entry = ds[idx]
+        except IndexError:  # the generator's dataset is finite
+            break
         question = entry["question"]
         if question in seen or split_of(question) != split:
             continue

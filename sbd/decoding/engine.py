@@ -1,0 +1,222 @@
+"""The decoding engine: rows that each progress on their own, batched into one model call per step.
+
+Every row (a prompt being decoded, `sbd.decoding.rows`) owns a slot of the KV cache with its own length,
+position and decoding state. A step asks every row what it feeds (`Feed`: tokens, how many of them
+are committed causally, how many logits it needs), lays the feeds out right-aligned in one (B, W)
+input (padding columns at the front, which write into scratch positions after the row's real tokens
+and see only the row's first real token), makes ONE model call, reads from the device ONCE for all rows, and lets
+every row take its decision. A row's tokens therefore never depend on its neighbours (batch = alone),
+rows leave the moment they finish (their slot is refilled by the last row) and new rows may join
+between steps (continuous batching). Prefill of newcomers runs as its own forward ("separate") or
+inside the shared decoding forward ("mixed").
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..adapter import adapter_of
+from ..errors import SBDError
+from .cache import slot_cache
+
+PREFILL_MODES = ("separate", "mixed")
+STATIC_CAPACITY_STEP = 256
+
+
+@dataclass
+class Feed:
+    """What a row feeds into the next forward: `tokens` (host list), of which the first `n_commit` are
+    committed causally (kept in the cache) and the rest form one bidirectional block (scratch);
+    `n_logits` logits are returned for its last positions."""
+
+    tokens: list[int]
+    n_commit: int
+    n_logits: int
+
+
+@dataclass
+class ForwardRecord:
+    """One model call as the engine made it, for tests and tracing (see `observer`). `n_commit` is the
+    largest count of committed tokens over the rows (`commits` per row); `lengths` the rows' cache
+    lengths before the call; rows are right-aligned in `input_ids` (padding first), `reals[i]` tokens each."""
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    logits: torch.Tensor
+    n_commit: int
+    cache: object
+    rows: list
+    commits: list[int]
+    lengths: list[int]
+    reals: list[int]
+
+    def committed(self, i: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Row i's cached keys and values per layer right after this call (committed positions only)."""
+        n = self.lengths[i] + self.commits[i]
+        return [(layer.keys[i, :, :n], layer.values[i, :, :n]) for layer in self.cache.layers]
+
+
+def step_mask(lengths: torch.Tensor, n_real: torch.Tensor, n_commit: torch.Tensor, width: int,
+              visible: int) -> torch.Tensor:
+    """(B, 1, width, visible) bool mask of one engine forward (True = may attend).
+
+    Row b has `lengths[b]` cached positions and feeds `n_real[b]` tokens right-aligned in `width`
+    columns, the first `n_commit[b]` causal, the rest one block. Its tokens sit at cache positions
+    lengths[b] … lengths[b] + n_real[b] − 1. Causal queries see the cache and the earlier new tokens;
+    block queries see the cache and every new token; padding queries see the row's first new token only
+    (no attention row may be empty)."""
+    device = lengths.device
+    col = torch.arange(width, device=device)
+    j = col[None] - (width - n_real)[:, None]  # index among the row's real tokens; < 0 for padding
+    rel = torch.arange(visible, device=device)[None, None] - lengths[:, None, None]  # (B, 1, visible)
+    causal = (j < n_commit[:, None])[..., None]
+    new = (rel >= 0) & (rel < n_real[:, None, None]) & (~causal | (rel <= j[..., None]))
+    real = (j >= 0)[..., None]
+    return ((real & ((rel < 0) | new)) | (~real & (rel == 0)))[:, None]
+
+
+class Engine:
+    """Rows decoded together, each at its own pace (module docstring).
+
+    slots: the most rows at once; capacity: cache positions per row (prompt + budget + scratch).
+    max_width: the widest decoding forward (a verify step: 2·block + 1); padding of a forward writes up
+    to that far past a row's end. static_widths: pad every decoding forward to one of these widths over
+    the whole cache, so shapes repeat (for `call`, e.g. a compiled model); prefills run eagerly.
+    """
+
+    def __init__(self, model, slots: int, capacity: int, *, max_width: int = 72, observer=None,
+                 static_widths=(), call=None, prefill: str = "separate"):
+        if prefill not in PREFILL_MODES:
+            raise SBDError(f"unknown prefill mode {prefill!r}; choose one of {', '.join(PREFILL_MODES)}")
+        self.model = model
+        self.device = model.get_input_embeddings().weight.device
+        self.static_widths = sorted(static_widths)
+        if self.static_widths:  # a multiple of 256, so that calls of different budgets share shapes
+            capacity = -(-capacity // STATIC_CAPACITY_STEP) * STATIC_CAPACITY_STEP
+        self.slots, self.capacity = slots, capacity
+        # Padding columns write after the row's real tokens: up to one forward's width past its end. A
+        # mixed prefill makes a decoding row's forward as wide as a newcomer's prompt.
+        # With fixed shapes every decoding forward is one of the static widths (prefills run with no cache
+        # behind them, so their padding stays inside the capacity).
+        if prefill == "mixed":
+            self.trash = capacity
+        else:
+            self.trash = max(self.static_widths) if self.static_widths else max(max_width, 1)
+        self.cache = None
+        self.rows: list = []  # live rows; row i sits in cache slot i
+        self.lengths: list[int] = []
+        self.observer = observer
+        self.call = model if call is None else call
+        self.prefill = prefill
+        self.keep_kw = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.adapter = adapter_of(model)
+
+    # -- rows ----------------------------------------------------------------------------------------
+    def add(self, row) -> None:
+        """A row joins; its prefill runs in the next step."""
+        if len(self.rows) >= self.slots:
+            raise SBDError(f"the engine is full ({self.slots} rows)")
+        if row.needs > self.capacity:
+            raise SBDError(f"prompt and budget need {row.needs} cache positions; this engine holds {self.capacity}")
+        self.rows.append(row)
+        self.lengths.append(0)
+
+    def remove(self, row) -> None:
+        """Take a row out (finished or abandoned): the last row moves into its slot."""
+        i = self.rows.index(row)
+        last = len(self.rows) - 1
+        if i != last and self.cache is not None:
+            for layer in self.cache.layers:
+                layer.move(last, i, self.lengths[last])
+        self.rows[i], self.lengths[i] = self.rows[last], self.lengths[last]
+        self.rows.pop()
+        self.lengths.pop()
+
+    @property
+    def live(self) -> int:
+        return len(self.rows)
+
+    # -- one step ------------------------------------------------------------------------------------
+    def step(self) -> list:
+        """Prefill newcomers (separate mode) and run one decoding forward for every row; returns the rows
+        that finished in it (already removed)."""
+        if self.prefill == "separate":
+            first = next((i for i, r in enumerate(self.rows) if r.in_prefill), None)
+            if first is not None:
+                # Newcomers sit at the end (add appends). Those with nothing to prefill (a one-token
+                # prompt) hold no cache yet, so they move before the others at no cost.
+                tail = list(zip(self.rows[first:], self.lengths[first:]))
+                tail.sort(key=lambda rl: rl[0].in_prefill)  # stable
+                self.rows[first:], self.lengths[first:] = [r for r, _ in tail], [n for _, n in tail]
+                first = next(i for i, r in enumerate(self.rows) if r.in_prefill)
+                self._run(first, len(self.rows))
+        done = self._run(0, len(self.rows)) if self.rows else []
+        for row in done:
+            self.remove(row)
+        return done
+
+    def _run(self, lo: int, hi: int) -> list:
+        rows = self.rows[lo:hi]
+        static = bool(self.static_widths) and not any(r.in_prefill for r in rows)
+        feeds = [r.feed() for r in rows]
+        real = [len(f.tokens) for f in feeds]
+        width = max(real)
+        if static:
+            width = next((w for w in self.static_widths if w >= width), width)
+        visible = self.capacity if static else max(self.lengths[lo + i] + real[i] for i in range(len(rows)))
+        if self.cache is None:
+            self.cache = slot_cache(self.model, self.slots, self.capacity, self.trash, bool(self.static_widths))
+        n_logits = max(f.n_logits for f in feeds)
+        ids = [[0] * (width - n) + f.tokens for f, n in zip(feeds, real)]
+        lengths = self.lengths[lo:hi]
+        dev = self.device
+        tokens = torch.tensor(ids, dtype=torch.long, device=dev)
+        L = torch.tensor(lengths, dtype=torch.long, device=dev)
+        n = torch.tensor(real, dtype=torch.long, device=dev)
+        c = torch.tensor([f.n_commit for f in feeds], dtype=torch.long, device=dev)
+        col = torch.arange(width, device=dev)
+        j = col[None] - (width - n)[:, None]
+        pos = (L[:, None] + j).clamp_min(0)
+        mask = step_mask(L, n, c, width, visible)
+        write_at = torch.where(j >= 0, L[:, None] + j, (L + n)[:, None] + col[None])  # padding: after the row
+        for layer in self.cache.layers:
+            layer.lo, layer.hi, layer.visible, layer.write_at = lo, hi, visible, write_at
+        keep = max(n_logits, 1)  # (0 would mean "all" to transformers)
+        kw = {"logits_to_keep": keep} if self.keep_kw else {}
+        if self.adapter is not None:  # gate: the block part of each row (after its committed tokens)
+            starts = [width - n_ + f.n_commit for n_, f in zip(real, feeds)]
+            self.adapter.start = starts[0] if len(set(starts)) == 1 else torch.tensor(starts, device=dev)
+        call = self.call if static else self.model
+        try:
+            out = call(input_ids=tokens, position_ids=pos, attention_mask=mask, past_key_values=self.cache,
+                       use_cache=True, **kw)
+        finally:
+            if self.adapter is not None:
+                self.adapter.start = None
+        logits = out.logits[:, -keep:]
+        for i, f in enumerate(feeds):
+            self.lengths[lo + i] += f.n_commit
+        if self.observer is not None:
+            self.observer(ForwardRecord(tokens, pos, mask, logits, max(f.n_commit for f in feeds), self.cache,
+                                        rows, [f.n_commit for f in feeds], lengths, real))
+        # Every row says what it must know on the host; ONE read for all of them (a GPU sync per step).
+        asks = [r.ask(logits[i, keep - f.n_logits:]) if f.n_logits else None for i, (r, f) in enumerate(zip(rows, feeds))]
+        parts = [a for a in asks if a is not None and a.numel()]
+        check = logits.amax(-1).sum().double().reshape(1)
+        values = torch.cat([check] + [p.double() for p in parts]).tolist()
+        if not math.isfinite(values[0]):
+            raise SBDError("the model returned NaN or infinite logits; decoding stopped (check the weights and dtype)")
+        at, done = 1, []
+        for i, (r, a) in enumerate(zip(rows, asks)):
+            m = a.numel() if a is not None else 0
+            drop = r.answer(values[at : at + m])
+            at += m
+            self.lengths[lo + i] -= drop
+            if r.finished:
+                done.append(r)
+        return done

@@ -1,0 +1,396 @@
+"""One prompt being decoded: its method, budget, stop rule and random stream (docs/method.md §3).
+
+A row is a small state machine driven by the engine (`sbd.decoding.engine`): `feed()` says what goes
+into the next forward, `ask(logits)` returns the device values the row must see on the host (read once
+per step for all rows together), `answer(values)` takes the decision and returns how many committed
+tokens leave the cache again (a rejected draft). All bookkeeping is on small host lists.
+
+- `NTPRow`: prefill all but the last prompt token, then one token per forward.
+- `SBDRow`: the prompt is prefilled; each block starts as masks and is revealed by the EB rule (§4); a
+  finished block is committed in the first forward of the next one.
+- `VerifyRow` (sbd-verify, lossless): every forward feeds [head | draft | masks]; the model's own
+  next-token predictions keep the longest draft prefix NTP would produce plus NTP's next token (greedy:
+  the same tokens; sampling: speculative acceptance, the same distribution), and the masks draft the
+  next block. Every forward yields at least one token.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+from ..sampler import entropy_and_argmax, error_proxy, pick_tokens
+from .engine import Feed
+
+
+def eb_rule(h: Sequence[float], masked: Sequence[bool], gamma: float,
+            order: Sequence[float] | None = None) -> list[int]:
+    """The EB rule (§4) on host values: the positions to reveal among the `masked` ones, ordered by
+    `order` (None: by entropy), bounded by the entropies `h`: the largest prefix U with
+    ΣH_U − max H_U ≤ γ, at least one position. Ties go to the lower position. Same result as
+    `sbd.sampler.reveal_from_proxy`."""
+    idx = [i for i, m in enumerate(masked) if m]
+    hh = [max(0.0, float(x)) for x in h]
+    key = hh if order is None else [float(x) for x in order]
+    idx.sort(key=lambda i: key[i])  # stable: equal keys keep the lower position first
+    keep, total, top = [], 0.0, 0.0
+    for n, i in enumerate(idx):
+        if order is None:  # sorted by entropy: the newest member is the largest, excess = sum before it
+            excess = total
+        else:
+            top = max(top, hh[i])
+            excess = 0.0 if n == 0 else total + hh[i] - top
+        if excess > gamma:
+            break
+        keep.append(i)
+        total += hh[i]
+    return keep
+
+
+class Row:
+    """What every method shares: the prompt, the tokens made so far, EOS and stop strings, the budget."""
+
+    needs_extra = 0  # cache positions needed beyond prompt + budget
+
+    def __init__(self, prompt: list[int], *, max_new: int, eos: Sequence[int] = (), stop: Sequence[str] = (),
+                 tokenizer=None, temperature: float = 0.0, seed: int | None = None, device=None):
+        self.prompt = list(prompt)
+        self.max_new = max_new
+        self.eos = frozenset(int(e) for e in eos)
+        self.stop = list(stop)
+        self.tokenizer = tokenizer
+        self.temperature = float(temperature)
+        self.gen = None
+        if self.temperature > 0:
+            self.gen = torch.Generator(device=device or "cpu")
+            self.gen.manual_seed(seed if seed is not None else torch.seed())
+        self.out: list[int] = []  # generated tokens, final
+        self.steps: list[int] = []  # the forward (1-based) that produced each token
+        self.accepted: list[int] = []  # sbd-verify: draft tokens kept at each verifying forward
+        self.proposed = 0  # sbd-verify: draft tokens put up for verification
+        self.nfe = 0
+        self.finished = False
+        self.in_prefill = False
+        self._checked = 0  # tokens already searched for stop strings
+
+    @property
+    def needs(self) -> int:
+        return len(self.prompt) + self.max_new + self.needs_extra
+
+    def final_tokens(self) -> list[int]:
+        """Tokens that can no longer change (for streaming)."""
+        return self.out
+
+    def _end(self, start: int, candidates: list[int]) -> int | None:
+        """Where the row ends, if it does: the first EOS among candidates (which begin at `start`), the
+        shortest stop-string prefix, or the budget."""
+        end = None
+        for i, t in enumerate(candidates):
+            if t in self.eos:
+                end = start + i + 1
+                break
+        seq = self.out[:start] + candidates
+        n = self._stop_length(seq)
+        if n is not None and (end is None or n < end):
+            end = n
+        if len(seq) >= self.max_new:
+            end = min(end if end is not None else self.max_new, self.max_new)
+        return end
+
+    def _stop_length(self, ids: list[int]) -> int | None:
+        """Shortest n > checked such that the text of ids[:n] contains a stop string, if any."""
+        if not self.stop or self.tokenizer is None:
+            return None
+        for n in range(self._checked + 1, len(ids) + 1):
+            text = self.tokenizer.decode(ids[:n], skip_special_tokens=True)
+            if any(s in text for s in self.stop):
+                return n
+        self._checked = len(ids)
+        return None
+
+    def _finish(self, n: int) -> None:
+        del self.out[n:], self.steps[n:]
+        self.finished = True
+
+    @property
+    def finish_reason(self) -> str:
+        """OpenAI's words: "stop" (EOS or a stop string) or "length" (the budget ran out)."""
+        if self.out and self.out[-1] in self.eos:
+            return "stop"
+        if self.stop and self.tokenizer is not None:
+            text = self.tokenizer.decode(self.out, skip_special_tokens=True)
+            if any(s in text for s in self.stop):
+                return "stop"
+        return "length" if len(self.out) >= self.max_new else "stop"
+
+    def text(self) -> str:
+        """The generated text, cut before the first stop string."""
+        if self.tokenizer is None:
+            return ""
+        text = self.tokenizer.decode(self.out, skip_special_tokens=True)
+        cut = [text.index(s) for s in self.stop if s in text]
+        return text[: min(cut)] if cut else text
+
+
+class NTPRow(Row):
+    """Plain next-token decoding: one token per forward."""
+
+    def __init__(self, prompt, **kw):
+        super().__init__(prompt, **kw)
+        self.in_prefill = len(self.prompt) > 1
+        self.last = self.prompt[-1]
+
+    def feed(self) -> Feed:
+        if self.in_prefill:
+            return Feed(self.prompt[:-1], len(self.prompt) - 1, 0)
+        return Feed([self.last], 1, 1)
+
+    def ask(self, logits: torch.Tensor) -> torch.Tensor:
+        return pick_tokens(logits, self.temperature, self.gen)
+
+    def answer(self, values: list[float]) -> int:
+        if self.in_prefill:
+            self.in_prefill = False
+            return 0
+        tok = int(values[0])
+        self.nfe += 1
+        start = len(self.out)
+        self.out.append(tok)
+        self.steps.append(self.nfe)
+        end = self._end(start, [tok])
+        if end is not None:
+            self._finish(end)
+        self.last = tok
+        return 0
+
+
+class SBDRow(Row):
+    """Set Block Decoding with the EB rule (gamma, proxy); `fixed` reveals the first `fixed` masked
+    positions per forward instead (a timing schedule, not a decoding rule)."""
+
+    def __init__(self, prompt, *, block_size: int, mask_id: int, gamma: float = 0.35, proxy: str = "entropy",
+                 fixed: int | None = None, **kw):
+        super().__init__(prompt, **kw)
+        self.block_size, self.mask_id, self.gamma, self.proxy, self.fixed = block_size, mask_id, gamma, proxy, fixed
+        self.needs_extra = block_size
+        self.any_order = math.isinf(gamma) or fixed is not None  # no entropies needed
+        self.in_prefill = True
+        self.pending: list[int] = []
+        self._new_block()
+
+    def _new_block(self) -> None:
+        self.k = min(self.block_size, self.max_new - len(self.out))
+        self.block = [self.mask_id] * self.k
+        self.masked = [True] * self.k
+        self.when = [0] * self.k
+
+    def final_tokens(self) -> list[int]:
+        if self.finished:
+            return self.out
+        known = next((i for i, m in enumerate(self.masked) if m), self.k)
+        return self.out + self.block[:known]
+
+    def feed(self) -> Feed:
+        if self.in_prefill:
+            return Feed(self.prompt, len(self.prompt), 0)
+        return Feed(self.pending + self.block, len(self.pending), self.k)
+
+    def ask(self, logits: torch.Tensor) -> torch.Tensor:
+        logits[:, self.mask_id] = torch.finfo(logits.dtype).min  # never reveal the mask token itself
+        if self.any_order:
+            return pick_tokens(logits, self.temperature, self.gen)
+        if self.temperature > 0:
+            h, picked = error_proxy(logits, "entropy"), pick_tokens(logits, self.temperature, self.gen)
+        else:
+            h, picked = entropy_and_argmax(logits)  # the EB bound is on entropies whatever the proxy
+        parts = [picked.double(), h.double()]
+        if self.proxy != "entropy":
+            parts.append(error_proxy(logits, self.proxy).double())
+        return torch.cat(parts)
+
+    def answer(self, values: list[float]) -> int:
+        if self.in_prefill:
+            self.in_prefill = False
+            return 0
+        k = self.k
+        self.pending = []  # committed in this forward
+        picked = [int(v) for v in values[:k]]
+        h = values[k : 2 * k]
+        order = values[2 * k : 3 * k] if self.proxy != "entropy" and not self.any_order else None
+        # Positions after the first EOS that the block holds (revealed) or predicts (masked) are not
+        # revealed: if that EOS stands they are discarded, so a forward spent on them is wasted.
+        todo, seen_eos = [], False
+        for i in range(k):
+            todo.append(self.masked[i] and not seen_eos)
+            seen_eos = seen_eos or (picked[i] if self.masked[i] else self.block[i]) in self.eos
+        if self.fixed is not None:
+            reveal = [i for i in range(k) if todo[i]][: self.fixed]
+        elif self.any_order:
+            reveal = [i for i in range(k) if todo[i]]
+        else:
+            reveal = eb_rule(h, todo, self.gamma, order)
+        self.nfe += 1
+        for i in reveal:
+            self.block[i], self.masked[i], self.when[i] = picked[i], False, self.nfe
+        known = next((i for i, m in enumerate(self.masked) if m), k)
+        start = len(self.out)
+        end = self._end(start, self.block[:known]) if known else None
+        if end is not None and end <= start + known:
+            self.out += self.block[:known]
+            self.steps += self.when[:known]
+            self._finish(end)
+        elif known == k:  # the block is complete: it is committed by the next forward
+            self.out += self.block
+            self.steps += self.when
+            self.pending = self.block
+            self._new_block()
+        return 0
+
+
+def accept_sampled(ntp_logits, draft, q_draft, temperature, gen):
+    """Speculative acceptance for one row: accepted length and the token at each position if drawn
+    there: the draft token where accepted, the residual sample at the first rejection, a sample of p
+    after the last draft token. ntp_logits (n + 1, V), draft (n,), q_draft (n, V)."""
+    n = draft.shape[0]
+    p = torch.softmax(ntp_logits.float() / temperature, dim=-1)
+    tokens = torch.empty(n + 1, dtype=torch.long, device=draft.device)
+    accepted = torch.zeros(1, dtype=torch.long, device=draft.device)
+    if n:
+        p_d = p[:n].gather(-1, draft[:, None]).squeeze(-1)
+        q_d = q_draft.gather(-1, draft[:, None]).squeeze(-1)
+        u = torch.rand(p_d.shape, generator=gen, device=draft.device)
+        ok = (u * q_d <= p_d).long().cumprod(-1)  # u < p/q without dividing by a zero q
+        accepted = ok.sum(-1, keepdim=True)
+        residual = (p[:n] - q_draft).clamp_min(0)
+        mass = residual.sum(-1, keepdim=True)
+        residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), p[:n])
+        fix = torch.multinomial(residual, 1, generator=gen).squeeze(-1)
+        tokens[:n] = torch.where(ok.bool(), draft, fix)
+    tokens[n] = torch.multinomial(p[n], 1, generator=gen).squeeze(-1)
+    return accepted, tokens
+
+
+class VerifyRow(Row):
+    """sbd-verify (module docstring). eb_gamma None: the draft is the whole block the masks predicted;
+    a number: the draft is first revealed by the EB rule over forwards of its own (greedy only)."""
+
+    def __init__(self, prompt, *, block_size: int, mask_id: int, eb_gamma: float | None = None,
+                 proxy: str = "entropy", **kw):
+        super().__init__(prompt, **kw)
+        self.block_size, self.mask_id, self.eb_gamma, self.proxy = block_size, mask_id, eb_gamma, proxy
+        self.needs_extra = 2 * block_size + 1
+        self.in_prefill = len(self.prompt) > 1
+        self.head = self.prompt[-1]
+        self.draft: list[int] = []
+        self.q_draft: torch.Tensor | None = None  # sampling: the masked distribution of the draft
+        self.q_next = self.next_draft = None
+        self.refining: list[int] | None = None  # eb: the block being revealed, [head, ...]
+        self.masked: list[bool] = []
+
+    def feed(self) -> Feed:
+        if self.in_prefill:
+            return Feed(self.prompt[:-1], len(self.prompt) - 1, 0)
+        if self.refining is not None:
+            return Feed(self.refining, 0, self.block_size)
+        room = max(0, self.max_new - len(self.out) - 1)  # a forward yields at most n_draft + 1 tokens
+        if len(self.draft) > room:
+            self.draft = self.draft[:room]
+            self.q_draft = self.q_draft[:room] if self.q_draft is not None else None
+        n = len(self.draft)
+        return Feed([self.head] + self.draft + [self.mask_id] * self.block_size, 1 + n, 1 + n + self.block_size)
+
+    def _mask_values(self, logits: torch.Tensor) -> list[torch.Tensor]:
+        """What the EB rule needs from block logits: picked tokens, entropies (and the proxy)."""
+        h, picked = entropy_and_argmax(logits)
+        parts = [picked.double(), h.double()]
+        if self.proxy != "entropy":
+            parts.append(error_proxy(logits, self.proxy).double())
+        return parts
+
+    def ask(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.refining is not None:
+            logits[:, self.mask_id] = torch.finfo(logits.dtype).min
+            return torch.cat(self._mask_values(logits))
+        n = len(self.draft)
+        ntp, masks = logits[: 1 + n], logits[1 + n :]
+        masks[:, self.mask_id] = torch.finfo(masks.dtype).min  # never draft the mask token
+        if self.temperature > 0:
+            draft = torch.tensor(self.draft, dtype=torch.long, device=logits.device)
+            accepted, tokens = accept_sampled(ntp, draft, self.q_draft, self.temperature, self.gen)
+            # the next draft, used only if every draft token stands (positions 2.. of the masks)
+            self.q_next = torch.softmax(masks[1:].float() / self.temperature, dim=-1)
+            nxt = torch.multinomial(self.q_next, 1, generator=self.gen).squeeze(-1) if len(self.q_next) else tokens[:0]
+            return torch.cat([accepted.double(), tokens.double(), nxt.double()])
+        if self.eb_gamma is not None:
+            return torch.cat([ntp.argmax(-1).double()] + self._mask_values(masks))
+        return torch.cat([ntp.argmax(-1).double(), masks[1:].argmax(-1).double()])
+
+    def _reveal(self, values: list[float]) -> None:
+        """One EB step on the block being refined; done when nothing is masked."""
+        k = self.block_size
+        picked, h = [int(v) for v in values[:k]], values[k : 2 * k]
+        order = values[2 * k : 3 * k] if self.proxy != "entropy" else None
+        for i in eb_rule(h, self.masked, self.eb_gamma, order):
+            self.refining[i], self.masked[i] = picked[i], False
+        if not any(self.masked):
+            self.draft, self.refining = self.refining[1:], None
+
+    def answer(self, values: list[float]) -> int:
+        if self.in_prefill:
+            self.in_prefill = False
+            return 0
+        self.nfe += 1
+        if self.refining is not None:
+            self._reveal(values)
+            return 0
+        n, k = len(self.draft), self.block_size
+        if self.temperature > 0:
+            a = int(values[0])
+            tokens = [int(v) for v in values[1 : n + 2]]
+            rest = values[n + 2 :]
+        else:
+            tokens = [int(v) for v in values[: n + 1]]
+            a = 0
+            while a < n and self.draft[a] == tokens[a]:
+                a += 1
+            rest = values[n + 1 :]
+        self.accepted.append(a)
+        self.proposed += n
+        new = tokens[: a + 1]  # draft tokens kept (they equal NTP's) + NTP's next token
+        start = len(self.out)
+        self.out += new
+        self.steps += [self.nfe] * len(new)
+        end = self._end(start, new)
+        if end is not None:
+            self._finish(end)
+            return n - a
+        self.head = new[-1]
+        self.q_draft = None
+        if a < n:  # the masks rode on a rejected draft: the next forward drafts afresh
+            self.draft = []
+        elif self.temperature > 0:
+            self.draft, self.q_draft = [int(v) for v in rest], self.q_next
+        elif self.eb_gamma is not None and k > 1:
+            self.refining = [self.head] + [self.mask_id] * (k - 1)
+            self.masked = [False] + [True] * (k - 1)
+            self._reveal(rest)
+        elif self.eb_gamma is not None:
+            self.draft = []
+        else:
+            self.draft = [int(v) for v in rest]
+        return n - a
+
+
+def make_row(method: str, prompt: list[int], *, mask_id: int | None, block_size: int = 16, gamma: float = 0.35,
+             proxy: str = "entropy", draft: str = "block", fixed: int | None = None, **common) -> Row:
+    """A row for `method` ("ntp", "sbd", "sbd-verify"); `common`: max_new, eos, stop, tokenizer,
+    temperature, seed, device. Arguments are validated by the caller (`generate`, the server)."""
+    if method == "ntp":
+        return NTPRow(prompt, **common)
+    if method == "sbd-verify":
+        return VerifyRow(prompt, block_size=block_size, mask_id=int(mask_id), proxy=proxy,
+                         eb_gamma=float(gamma) if draft == "eb" else None, **common)
+    return SBDRow(prompt, block_size=block_size, mask_id=int(mask_id), gamma=float(gamma), proxy=proxy,
+                  fixed=fixed, **common)
