@@ -11,6 +11,7 @@ from .args import positive_int as _positive
 from .bench import add_bench_parser, cmd_bench
 from .forward_cost import add_forward_cost_parser, cmd_forward_cost
 from .roofline import add_roofline_parser, cmd_roofline
+from .serve import add_serve_parser, cmd_serve
 from .import_model import add_import_parser, cmd_import
 from .lm_eval import add_lm_eval_parser, run_lm_eval
 from .convergence import add_convergence_parser, cmd_convergence
@@ -86,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_roofline_parser(sub)
     add_import_parser(sub)
     add_lm_eval_parser(sub)
+    add_serve_parser(sub)
     return parser
 
 
@@ -177,7 +179,8 @@ def main(argv=None) -> int:
     hf_logging.disable_progress_bar()  # ours show progress; theirs would print one bar per file written
     command = {"init": cmd_init, "generate": cmd_generate, "train": cmd_train, "eval": cmd_eval,
                "experiment": cmd_experiment, "demo": cmd_demo, "bench": cmd_bench, "forward-cost": cmd_forward_cost,
-               "roofline": cmd_roofline, "import": cmd_import, "convergence": cmd_convergence, "distill": cmd_distill}[args.command]
+               "roofline": cmd_roofline, "import": cmd_import, "convergence": cmd_convergence, "distill": cmd_distill,
+               "serve": cmd_serve}[args.command]
     return _guarded(command, args)
 
 

@@ -1,0 +1,161 @@
+"""The engine behind the server: one thread that owns the model and decodes every admitted request as a
+row of one engine (continuous batching), and hands each request its tokens as they become final.
+
+Requests wait in a bounded queue (full: 429) until a row is free; a request whose client left is
+taken out between two steps; an exception inside a step fails the requests of that step only and
+the engine starts afresh; `stop()` lets the running and waiting requests finish (drain) first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+
+import torch
+
+from ..decoding.engine import Engine
+from ..modes import eval_mode
+from .metrics import Metrics
+from .protocol import APIError
+
+log = logging.getLogger("sbd.serve")
+
+
+class Job:
+    """One request inside the worker: its row and the asyncio queue its handler reads events from:
+    ("tokens", [ids…]) as tokens become final, then ("done", None) or ("error", message)."""
+
+    def __init__(self, row, method: str, loop: asyncio.AbstractEventLoop):
+        self.row, self.method, self.loop = row, method, loop
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.cancelled = False
+        self.arrived = time.perf_counter()
+        self.first_token: float | None = None
+        self.sent = 0
+
+    def post(self, kind: str, payload=None) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
+        except RuntimeError:  # the event loop is gone (server shut down): nobody is listening
+            pass
+
+
+class Worker:
+    def __init__(self, model, *, slots: int, capacity: int, max_width: int, max_queue: int,
+                 metrics: Metrics | None = None, prefill: str = "separate"):
+        self.model = model
+        self.slots, self.capacity, self.max_width, self.prefill = slots, capacity, max_width, prefill
+        self.max_queue = max_queue
+        self.metrics = metrics or Metrics()
+        self.pending: collections.deque[Job] = collections.deque()
+        self.jobs: dict[int, Job] = {}  # id(row) → job, for the rows in the engine
+        self.cond = threading.Condition()
+        self.stopping = False
+        self.engine = self._new_engine()
+        self.thread = threading.Thread(target=self._run, name="sbd-engine", daemon=True)
+        self._window = [time.perf_counter(), 0]
+
+    def _new_engine(self) -> Engine:
+        return Engine(self.model, self.slots, self.capacity, max_width=self.max_width, prefill=self.prefill)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def submit(self, job: Job) -> None:
+        """Queue a request; 429 when the queue is full, 503 while the server drains."""
+        if job.row.needs > self.capacity:
+            raise APIError(400, f"prompt ({len(job.row.prompt)} tokens) and max_tokens need {job.row.needs} "
+                                f"positions; this server holds {self.capacity} per request",
+                           code="context_length_exceeded")
+        with self.cond:
+            if self.stopping:
+                raise APIError(503, "the server is shutting down", type_="server_error")
+            if len(self.pending) >= self.max_queue:
+                raise APIError(429, f"the queue is full ({self.max_queue} requests waiting); retry later",
+                               type_="rate_limit_error")
+            self.pending.append(job)
+            self.metrics.queue.set(len(self.pending))
+            self.cond.notify()
+
+    def cancel(self, job: Job) -> None:
+        """The client left: its row is freed before the next step."""
+        job.cancelled = True
+        with self.cond:
+            self.cond.notify()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Finish what is running and waiting, then end the thread."""
+        with self.cond:
+            self.stopping = True
+            self.cond.notify()
+        if self.thread.is_alive():
+            self.thread.join(timeout)
+
+    # -- the thread ----------------------------------------------------------------------------------
+    def _run(self) -> None:
+        with eval_mode(self.model), torch.inference_mode():
+            while True:
+                with self.cond:
+                    while not self.pending and not self.engine.live and not self.stopping:
+                        self.cond.wait()
+                    if self.stopping and not self.pending and not self.engine.live:
+                        return
+                    self._admit()
+                self._drop_cancelled()
+                if self.engine.live:
+                    self._step()
+
+    def _admit(self) -> None:
+        while self.pending and self.engine.live < self.slots:
+            job = self.pending.popleft()
+            if job.cancelled:
+                continue
+            self.engine.add(job.row)
+            self.jobs[id(job.row)] = job
+        self.metrics.queue.set(len(self.pending))
+        self.metrics.running.set(self.engine.live)
+
+    def _drop_cancelled(self) -> None:
+        for job in [j for j in self.jobs.values() if j.cancelled]:
+            self.engine.remove(job.row)
+            del self.jobs[id(job.row)]
+        self.metrics.running.set(self.engine.live)
+
+    def _step(self) -> None:
+        live = list(self.jobs.values())
+        try:
+            done = self.engine.step()
+        except Exception as e:  # one bad step must not take the server down
+            log.exception("decoding step failed; failing its %d requests", len(live))
+            for job in live:
+                job.post("error", f"decoding failed: {e}")
+            self.jobs.clear()
+            self.engine = self._new_engine()
+            return
+        self.metrics.steps.inc()
+        now = time.perf_counter()
+        made = 0
+        for job in live:
+            tokens = job.row.final_tokens()
+            if len(tokens) > job.sent:
+                if job.first_token is None:
+                    job.first_token = now
+                    self.metrics.ttft.observe(now - job.arrived)
+                made += len(tokens) - job.sent
+                job.post("tokens", list(tokens[job.sent:]))
+                job.sent = len(tokens)
+        for row in done:
+            job = self.jobs.pop(id(row))
+            self.metrics.latency.observe(now - job.arrived)
+            self.metrics.finished(job.method, len(row.out), row.nfe, row.proposed, sum(row.accepted))
+            job.post("done")
+        self.metrics.running.set(self.engine.live)
+        start, count = self._window
+        count += made
+        if now - start >= 1.0:
+            self.metrics.tokens_per_second.set(count / (now - start))
+            start, count = now, 0
+        self._window = [start, count]
