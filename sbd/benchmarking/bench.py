@@ -192,9 +192,8 @@ def _run(method: Method, model, tokenizer, batch, max_new, eos, assistant, recor
         return _hf_generate(model, tokenizer, batch, max_new, eos, assistant=assistant), None
 
     def observe(rec):
-        n_commit = rec.n_commit
-        record.append(Shape(rec.input_ids.shape[0], rec.input_ids.shape[1], rec.cache.get_seq_length() - n_commit,
-                            n_commit))
+        # rows have their own cache lengths: the forward is timed at the longest one
+        record.append(Shape(rec.input_ids.shape[0], rec.input_ids.shape[1], max(rec.lengths), rec.n_commit))
 
     kw = {"gamma": method.gamma} if method.kind == "sbd" else {}
     if method.kind == "sbd-fixed":

@@ -198,12 +198,17 @@ async def _answer(server: Server, request: Request, path: str, ids: list[int], o
         return JSONResponse({}, status_code=499)  # nobody is listening
     text, _ = _text(server.tokenizer, tokens, opts.stop) if server.tokenizer is not None else ("", False)
     row = job.row
-    stats = {"method": opts.method, "forwards": row.nfe,
-             "tokens_per_forward": round(len(row.out) / row.nfe, 4) if row.nfe else 0.0}
+    stats = _stats(row, opts)
     use = P.usage(len(ids), len(row.out))
     server.metrics.requests.labels(path, "200").inc()
     body = (P.chat_body if chat else P.completion_body)(rid, name, text, row.finish_reason, use, stats)
     return JSONResponse(body)
+
+
+def _stats(row, opts: P.Options) -> dict:
+    """What the request cost: sbd's own field next to OpenAI's usage."""
+    return {"method": opts.method, "forwards": row.nfe,
+            "tokens_per_forward": round(len(row.out) / row.nfe, 4) if row.nfe else 0.0}
 
 
 async def _events(server: Server, request: Request, job: Job):
@@ -248,7 +253,10 @@ async def _stream(server: Server, request: Request, job: Job, rid: str, name: st
             text, _ = _text(server.tokenizer, job.row.out, opts.stop)
             if len(text) > len(sent) and text.startswith(sent):
                 yield chunk(text[len(sent):])
-            yield chunk("", job.row.finish_reason)
+            last = json.loads(chunk("", job.row.finish_reason)[6:])
+            last["usage"] = P.usage(len(job.row.prompt), len(job.row.out))  # on the last chunk, always
+            last["sbd"] = _stats(job.row, opts)
+            yield event(last)
             yield "data: [DONE]\n\n"
             return
     except asyncio.CancelledError:  # the client disconnected mid-stream: free its row
