@@ -44,7 +44,9 @@ def start(app) -> tuple[uvicorn.Server, str]:
 
 
 def one_request(client: httpx.Client, url: str, prompt: str, method: str, max_tokens: int) -> dict:
-    """One streamed request; `method` may carry a block size, e.g. "sbd-verify:4"."""
+    """One streamed request; `method` may carry a block size, e.g. "sbd-verify:4", and a prefill mode
+    after "@" (which server of the run answers it), e.g. "ntp@mixed"."""
+    method = method.partition("@")[0]
     name, _, block = method.partition(":")
     body = {"prompt": prompt, "max_tokens": max_tokens, "method": name, "stream": True}
     if block:
@@ -72,8 +74,9 @@ def one_request(client: httpx.Client, url: str, prompt: str, method: str, max_to
             "tokens": tokens, "text": text, "prompt": prompt}
 
 
-def round_(url: str, prompts: list[str], clients: int, method: str, max_tokens: int) -> dict:
+def round_(urls: dict, prompts: list[str], clients: int, method: str, max_tokens: int) -> dict:
     """`clients` clients share the prompt list, each sending its next request when the last one ended."""
+    url = urls[method.partition("@")[2] or "separate"]
     queue = list(prompts)
     lock = threading.Lock()
     results = []
@@ -107,7 +110,8 @@ def main(argv=None) -> None:
     ap.add_argument("--requests", type=int, default=32, help="requests per round (default: 32)")
     ap.add_argument("--clients", default="1,4,16")
     ap.add_argument("--methods", default="ntp,sbd-verify",
-                    help="comma-separated; method:BLOCK sets a block size, e.g. sbd-verify:4 (first = the baseline)")
+                    help="comma-separated; method:BLOCK sets a block size (sbd-verify:4), @mixed the newcomers' "
+                         "prefill inside the shared forward (ntp@mixed; default @separate); the first is the baseline")
     ap.add_argument("--max-tokens", type=int, default=112)
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
@@ -118,21 +122,26 @@ def main(argv=None) -> None:
     model, tokenizer = sbd.load(args.model)
     per_task = -(-args.requests // len(DEMO_TASKS))
     prompts = [ex["prompt"] for t in DEMO_TASKS for ex in make_split(t, "test", per_task)][: args.requests]
-    app = create_app(model, tokenizer, ServerConfig(model_name=args.model, max_batch=args.max_batch,
-                                                     max_queue=1024))
-    server, url = start(app)
     clients = [int(c) for c in args.clients.split(",")]
     methods = args.methods.split(",")
+    servers, urls = [], {}
+    for mode in sorted({m.partition("@")[2] or "separate" for m in methods}):  # one server per prefill mode
+        app = create_app(model, tokenizer, ServerConfig(model_name=args.model, max_batch=args.max_batch,
+                                                         max_queue=1024, prefill=mode))
+        server, urls[mode] = start(app)
+        servers.append(server)
     runs: dict = {}
-    round_(url, prompts[:4], 2, methods[0], args.max_tokens)  # warm-up
+    for m in methods:
+        round_(urls, prompts[:4], 2, m, args.max_tokens)  # warm-up
     for rep in range(args.repeats):
         for c in clients:
             for m in methods:
-                r = round_(url, prompts, c, m, args.max_tokens)
+                r = round_(urls, prompts, c, m, args.max_tokens)
                 runs.setdefault((c, m), []).append(r)
                 print(f"repeat {rep + 1} clients {c:>2} {m:<10} {r['tokens_per_s']:7.1f} tok/s  "
                       f"{r['requests_per_s']:5.2f} req/s  failed {r['failed']}", flush=True)
-    server.should_exit = True
+    for server in servers:
+        server.should_exit = True
     lines = [
         "# sbd serve under load",
         "",
