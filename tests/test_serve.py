@@ -103,10 +103,11 @@ def test_sampling_with_a_seed_equals_offline(demo, client):
 
 def test_32_concurrent_clients_get_their_own_answers(demo, live):
     """Different prompts, lengths, methods and stop strings at once: nothing lost or mixed up."""
-    methods = [("sbd-verify", {}), ("ntp", {}), ("sbd", {"gamma": 0.35}), ("sbd", {"gamma": 0.0})]
+    methods = [("sbd-verify", {}), ("ntp", {}), ("sbd", {"gamma": 0.35}), ("sbd", {"gamma": 0.0}),
+               ("sbd-verify", {"draft": "adaptive"})]
     jobs = []
     for i in range(32):
-        method, extra = methods[i % 4]
+        method, extra = methods[i % len(methods)]
         p = PROMPTS[i % len(PROMPTS)] + " " * (i % 3)
         stop = [" "] if i % 5 == 0 else None
         jobs.append((p, method, extra, 8 + 3 * i % 30, stop, i % 2 == 0))

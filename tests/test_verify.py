@@ -196,3 +196,31 @@ def test_eb_drafting_spends_its_own_forwards():
 def test_draft_misuse_is_one_clear_error(llama, kw, match):
     with pytest.raises(sbd.SBDError, match=match):
         sbd.generate(llama, None, [[5, 6]], max_new_tokens=4, **kw)
+
+
+def test_best_draft_length_follows_acceptance_and_cost():
+    from sbd.decoding.rows import best_draft_length
+
+    assert best_draft_length(0.2, 0.04, 15) == 1  # drafts mostly refused: the narrowest forward
+    assert best_draft_length(0.95, 0.0, 15) == 15  # free width: draft as far as allowed
+    lengths = [best_draft_length(a, 0.05, 15) for a in (0.3, 0.5, 0.7, 0.8, 0.9, 0.97)]
+    assert lengths == sorted(lengths) and lengths[0] < lengths[-1]
+    assert best_draft_length(0.8, 0.2, 15) < best_draft_length(0.8, 0.02, 15)  # dearer width, shorter drafts
+
+
+@pytest.mark.parametrize("cost", [0.0, 0.5])
+def test_adaptive_drafts_are_exact_and_narrow_when_width_is_dear(model, monkeypatch, cost):
+    import importlib
+
+    g = importlib.import_module("sbd.decoding.generate")  # the module, not the function of that name
+    monkeypatch.setattr(g, "width_cost", lambda m, batch=1: cost)
+    prompts = random_prompts(4, model.config.vocab_size, seed=9)
+    ntp = sbd.generate(model, None, prompts, method="ntp", max_new_tokens=30)
+    widths = []
+    out = sbd.generate(model, None, prompts, method="sbd-verify", draft="adaptive", block_size=8, max_new_tokens=30,
+                       observer=lambda r: widths.append(max(r.reals)))
+    assert out.token_ids == ntp.token_ids
+    if cost == 0.5:  # from the third verifying forward on, every row drafts 1 token with 2 masks: ≤ 1 + 1 + 2
+        assert max(widths[3:]) <= 4 and max(widths) > 4
+    with pytest.raises(sbd.SBDError, match="applies to method='sbd-verify'"):
+        sbd.generate(model, None, prompts, method="sbd", draft="adaptive")

@@ -27,7 +27,8 @@ from ..errors import SBDError
 from ..modes import eval_mode
 from .forward_cost import Shape, _sync, time_forwards
 
-KINDS = ("hf", "prompt-lookup", "assisted", "ntp", "sbd", "sbd-verify", "sbd-fixed")
+KINDS = ("hf", "prompt-lookup", "assisted", "ntp", "sbd", "sbd-verify", "sbd-verify-adaptive", "sbd-fixed")
+VERIFY = ("sbd-verify", "sbd-verify-adaptive")
 PROMPT_LOOKUP_TOKENS = 10  # Hugging Face's documented example value; the n-gram size is its default
 
 
@@ -51,6 +52,8 @@ class Method:
             return f"SBD γ={self.gamma:g}, block {self.block_size}"
         if self.kind == "sbd-verify":
             return f"SBD-verify, block {self.block_size}"
+        if self.kind == "sbd-verify-adaptive":
+            return f"SBD-verify adaptive, block ≤ {self.block_size}"
         if self.kind == "sbd-fixed":
             return f"SBD fixed {self.fixed}/forward, block {self.block_size}"
         return {"hf": "HF greedy generate", "prompt-lookup": f"HF prompt-lookup ({PROMPT_LOOKUP_TOKENS})",
@@ -58,7 +61,7 @@ class Method:
 
     @property
     def ours(self) -> bool:
-        return self.kind in ("ntp", "sbd", "sbd-verify", "sbd-fixed")
+        return self.kind in ("ntp", "sbd", "sbd-fixed", *VERIFY)
 
     @property
     def lossless(self) -> bool:
@@ -96,8 +99,8 @@ def parse_methods(text: str, gammas: Sequence[float], block_sizes: Sequence[int]
             if not gammas:
                 raise SBDError("method 'sbd' needs at least one γ")
             methods += [Method("sbd", float(g), k) for k in sizes for g in gammas]
-        elif n == "sbd-verify":
-            methods += [Method("sbd-verify", None, k) for k in sizes]
+        elif n in VERIFY:
+            methods += [Method(n, None, k) for k in sizes]
         elif n == "sbd-fixed":
             if not fixed or any(r < 1 for r in fixed):
                 raise SBDError("method 'sbd-fixed' needs tokens per forward >= 1")
@@ -200,7 +203,9 @@ def _run(method: Method, model, tokenizer, batch, max_new, eos, assistant, recor
         kw["reveal_per_forward"] = method.fixed
     if method.block_size is not None:
         kw["block_size"] = method.block_size
-    kind = "sbd" if method.kind == "sbd-fixed" else method.kind
+    if method.kind == "sbd-verify-adaptive":
+        kw["draft"] = "adaptive"
+    kind = {"sbd-fixed": "sbd", "sbd-verify-adaptive": "sbd-verify"}.get(method.kind, method.kind)
     r = generate(model, tokenizer, batch, method=kind, max_new_tokens=max_new, eos_token_ids=eos,
                  observer=observe if record is not None else None, compile=method.compiled, **kw)
     return r.token_ids, r.nfe
@@ -220,7 +225,7 @@ def _check_inputs(model, tokenizer, prompts, methods, batch_sizes, repeats, max_
         raise SBDError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if not batch_sizes or any(b < 1 for b in batch_sizes):
         raise SBDError("batch sizes must be integers >= 1")
-    if any(m.kind in ("sbd", "sbd-verify", "sbd-fixed") for m in methods) and getattr(model.config, "sbd_mask_token_id", None) is None:
+    if any(m.kind in ("sbd", "sbd-fixed", *VERIFY) for m in methods) and getattr(model.config, "sbd_mask_token_id", None) is None:
         raise SBDError("this model has no SBD mask token: benchmark it with methods hf,prompt-lookup,ntp only, "
                        "or fine-tune it with `sbd train` first")
     if assistant is not None and tokenizer is not None:

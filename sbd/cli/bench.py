@@ -38,6 +38,7 @@ def add_bench_parser(sub):
                    help="with --shape: tokens per random prompt (default: 64)")
     p.add_argument("--methods", default="hf,prompt-lookup,ntp,sbd,sbd-verify", metavar="LIST",
                    help="comma-separated: hf, prompt-lookup, assisted, ntp, sbd (one row per --gamma), sbd-verify, "
+                        "sbd-verify-adaptive (draft length chosen per row, at most the block size), "
                         "sbd-fixed (one row per --fixed: a fixed number of tokens revealed per forward, for timing); "
                         "our NTP loop is always added (default: hf,prompt-lookup,ntp,sbd,sbd-verify)")
     p.add_argument("--fixed", type=_argtype(parse_sizes), default=[2, 3, 4], metavar="LIST",

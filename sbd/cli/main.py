@@ -53,10 +53,11 @@ def _add_generate(sub) -> None:
                         "the model's own next-token head, NTP's exact output in fewer forwards (default: sbd)")
     p.add_argument("--block-size", type=_positive, default=None,
                    help="tokens per block (default: the block size a drafting adapter was trained for, else 16)")
-    p.add_argument("--draft", default="block", choices=["block", "eb"],
+    p.add_argument("--draft", default="block", choices=["block", "eb", "adaptive"],
                    help="sbd-verify only: block = the whole block the masked head predicts, in the verifying "
                         "forward; eb = revealed by the EB rule (--gamma, --proxy) over forwards of its own, greedy "
-                        "only (default: block)")
+                        "only; adaptive = each row picks its draft length (<= block size) from its acceptance so far "
+                        "and the measured cost of a wider forward (default: block)")
     p.add_argument("--gamma", type=_gamma, default=0.35,
                    help="EB-sampler bound: 0 reveals one token per forward, inf a whole block (default: 0.35)")
     p.add_argument("--proxy", default="entropy", choices=["entropy", "confidence", "margin"],

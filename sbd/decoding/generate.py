@@ -20,9 +20,10 @@ from ..modes import eval_mode
 from ..sampler import PROXIES
 from .engine import Engine, ForwardRecord
 from .rows import make_row
+from .width_cost import width_cost
 
 METHODS = ("ntp", "sbd", "sbd-verify")
-DRAFTS = ("block", "eb")  # how sbd-verify drafts: the whole block from one forward, or the EB rule
+DRAFTS = ("block", "eb", "adaptive")  # how sbd-verify drafts: whole blocks, the EB rule, or a length per row
 
 
 @dataclass
@@ -186,8 +187,8 @@ def _validate(model, method, block_size, gamma, proxy, max_new_tokens, temperatu
         raise SBDError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     if draft not in DRAFTS:
         raise SBDError(f"unknown draft {draft!r}; choose one of {', '.join(DRAFTS)}")
-    if draft == "eb" and method != "sbd-verify":
-        raise SBDError("draft='eb' refines the drafts of method='sbd-verify'; the other methods take no draft")
+    if draft != "block" and method != "sbd-verify":
+        raise SBDError(f"draft={draft!r} applies to method='sbd-verify'; the other methods take no draft")
     if draft == "eb" and temperature > 0:
         raise SBDError("draft='eb' is greedy only (the acceptance rule of sampling needs every draft token drawn "
                        "from its own distribution, which out-of-order reveals break); use draft='block'")
@@ -246,7 +247,11 @@ def generate(
     block_size: tokens per block; default: the block size a drafting adapter was trained for, else 16.
     draft (sbd-verify only): "block" takes the whole block the masked head predicts in the verifying
     forward as the draft (gamma and proxy unused); "eb" first reveals it with the EB rule (gamma,
-    proxy) over forwards of its own, as SBD would — better drafts for more forwards; greedy only.
+    proxy) over forwards of its own, as SBD would — better drafts for more forwards; greedy only;
+    "adaptive" lets each row choose how many masks to feed (at most block_size) from its own acceptance
+    so far and the measured cost of a wider forward on this model (`sbd.decoding.width_cost`, timed
+    once per model and batch size): shorter drafts where they are often refused or forwards are
+    compute-bound.
 
     seed (temperature > 0): an int (row i samples with seed + i) or one int per prompt; each row draws
     from its own stream, so a row samples the same alone as in any batch.
@@ -281,10 +286,12 @@ def generate(
     common = dict(max_new=max_new_tokens, eos=list(eos_token_ids), stop=stop or [], tokenizer=tokenizer,
                   temperature=temperature, device=device)
     mask_id = getattr(model.config, "sbd_mask_token_id", None)
+    cost = width_cost(model, batch=len(prompt_ids)) if method == "sbd-verify" and draft == "adaptive" else None
 
     start = time.perf_counter()
     rows = [make_row(method, p, mask_id=mask_id, block_size=block_size, gamma=gamma, proxy=proxy, draft=draft,
-                     fixed=reveal_per_forward, seed=s, **common) for p, s in zip(prompt_ids, seeds)]
+                     fixed=reveal_per_forward, seed=s, width_cost=cost, **common)
+            for p, s in zip(prompt_ids, seeds)]
     k = min(block_size, max_new_tokens)
     widths = () if not (static_shapes or compile) else (1,) if method == "ntp" else (k, 2 * k)
     engine = Engine(model, len(rows), max(r.needs for r in rows), max_width=2 * block_size + 1,

@@ -69,6 +69,7 @@ class Limits:
     """Server-side defaults and limits for what a request may ask."""
 
     method: str = "sbd-verify"
+    draft: str = "block"
     block_size: int | None = None  # None: the model's (an adapter's trained size, else 16)
     gamma: float = 0.35
     max_tokens: int = 256
@@ -114,9 +115,9 @@ def options(req: DecodingFields, limits: Limits, default_block: int) -> Options:
     proxy = req.proxy or "entropy"
     if proxy not in ("entropy", "confidence", "margin"):
         raise _bad("proxy must be entropy, confidence or margin", "proxy")
-    draft = req.draft or "block"
-    if draft not in ("block", "eb") or (draft == "eb" and method != "sbd-verify"):
-        raise _bad("draft is block or eb, and eb applies to method sbd-verify only", "draft")
+    draft = req.draft or limits.draft
+    if draft not in ("block", "eb", "adaptive") or (draft != "block" and method != "sbd-verify"):
+        raise _bad("draft is block, eb or adaptive, and eb and adaptive apply to method sbd-verify only", "draft")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     max_tokens = limits.max_tokens if max_tokens is None else max_tokens
     if not 1 <= max_tokens <= limits.max_tokens_limit:
