@@ -224,3 +224,10 @@ def test_adaptive_drafts_are_exact_and_narrow_when_width_is_dear(model, monkeypa
         assert max(widths[3:]) <= 4 and max(widths) > 4
     with pytest.raises(sbd.SBDError, match="applies to method='sbd-verify'"):
         sbd.generate(model, None, prompts, method="sbd", draft="adaptive")
+
+
+def test_width_cost_is_measured_once_per_model_and_batch(llama):
+    from sbd.decoding.width_cost import width_cost
+
+    c = width_cost(llama, batch=2, context=16, repeats=2)
+    assert c >= 0 and width_cost(llama, batch=2) == c  # remembered, not re-timed

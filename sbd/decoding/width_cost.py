@@ -26,7 +26,7 @@ def _timed(model, ids, cache, past: int, device) -> float:
     model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=ids.shape[1])
     if device.type == "cuda":
         torch.cuda.synchronize()
-    cache.crop(past)
+    cache.crop(-ids.shape[1])  # back to the prompt (transformers 5: a negative count to drop)
     return time.perf_counter() - t
 
 
