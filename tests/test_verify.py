@@ -198,36 +198,49 @@ def test_draft_misuse_is_one_clear_error(llama, kw, match):
         sbd.generate(llama, None, [[5, 6]], max_new_tokens=4, **kw)
 
 
+def linear(c):
+    return lambda w: 1 + c * (w - 1)
+
+
 def test_best_draft_length_follows_acceptance_and_cost():
     from sbd.decoding.rows import best_draft_length
 
-    assert best_draft_length(0.2, 0.04, 15) == 1  # drafts mostly refused: the narrowest forward
-    assert best_draft_length(0.95, 0.0, 15) == 15  # free width: draft as far as allowed
-    lengths = [best_draft_length(a, 0.05, 15) for a in (0.3, 0.5, 0.7, 0.8, 0.9, 0.97)]
+    assert best_draft_length(0.3, linear(0.04), 15) == 1  # drafts mostly refused: the narrowest draft
+    assert best_draft_length(0.95, linear(0.0), 15) == 15  # free width: draft as far as allowed
+    lengths = [best_draft_length(a, linear(0.05), 15) for a in (0.3, 0.5, 0.7, 0.8, 0.9, 0.97)]
     assert lengths == sorted(lengths) and lengths[0] < lengths[-1]
-    assert best_draft_length(0.8, 0.2, 15) < best_draft_length(0.8, 0.02, 15)  # dearer width, shorter drafts
+    assert best_draft_length(0.8, linear(0.2), 15) < best_draft_length(0.8, linear(0.02), 15)  # dearer width
+    step = lambda w: 1.0 if w == 1 else 1.6 + 0.02 * w  # noqa: E731  (a CPU: 1 → 2 tokens is the big step)
+    assert best_draft_length(0.25, step, 7) == 0  # no draft pays: plain next-token steps
+    assert best_draft_length(0.8, step, 7) > 0
 
 
-@pytest.mark.parametrize("cost", [0.0, 0.5])
-def test_adaptive_drafts_are_exact_and_narrow_when_width_is_dear(model, monkeypatch, cost):
+@pytest.mark.parametrize("cost", ["free", "dear", "never"])
+def test_adaptive_drafts_are_exact_and_follow_the_cost(model, monkeypatch, cost):
     import importlib
 
     g = importlib.import_module("sbd.decoding.generate")  # the module, not the function of that name
-    monkeypatch.setattr(g, "width_cost", lambda m, batch=1: cost)
+    fn = {"free": linear(0.0), "dear": linear(0.5), "never": lambda w: 1.0 if w == 1 else 50.0}[cost]
+    monkeypatch.setattr(g, "forward_costs", lambda m, batch=1: fn)
     prompts = random_prompts(4, model.config.vocab_size, seed=9)
-    ntp = sbd.generate(model, None, prompts, method="ntp", max_new_tokens=30)
+    ntp = sbd.generate(model, None, prompts, method="ntp", max_new_tokens=40)
     widths = []
-    out = sbd.generate(model, None, prompts, method="sbd-verify", draft="adaptive", block_size=8, max_new_tokens=30,
+    out = sbd.generate(model, None, prompts, method="sbd-verify", draft="adaptive", block_size=8, max_new_tokens=40,
                        observer=lambda r: widths.append(max(r.reals)))
     assert out.token_ids == ntp.token_ids
-    if cost == 0.5:  # from the third verifying forward on, every row drafts 1 token with 2 masks: ≤ 1 + 1 + 2
+    if cost == "dear":  # from the third verifying forward on, every row drafts 1 token with 2 masks: ≤ 1 + 1 + 2
         assert max(widths[3:]) <= 4 and max(widths) > 4
+    if cost == "never":  # plain next-token steps (width 1), but for a probe now and then
+        assert widths[3:].count(1) > len(widths[3:]) // 2
     with pytest.raises(sbd.SBDError, match="applies to method='sbd-verify'"):
         sbd.generate(model, None, prompts, method="sbd", draft="adaptive")
 
 
-def test_width_cost_is_measured_once_per_model_and_batch(llama):
-    from sbd.decoding.width_cost import width_cost
+def test_forward_costs_are_measured_once_per_model_and_batch(llama):
+    from sbd.decoding.width_cost import WIDTHS, forward_costs, relative_costs
 
-    c = width_cost(llama, batch=2, context=16, repeats=2)
-    assert c >= 0 and width_cost(llama, batch=2) == c  # remembered, not re-timed
+    costs = relative_costs(llama, batch=2, context=16, repeats=1)
+    assert sorted(costs) == list(WIDTHS) and costs[1] == 1.0 and min(costs.values()) >= 1.0
+    assert relative_costs(llama, batch=2) is costs  # remembered, not re-timed
+    f = forward_costs(llama, batch=2)
+    assert f(1) == 1.0 and f(5) == pytest.approx(costs[4] + (costs[6] - costs[4]) / 2)

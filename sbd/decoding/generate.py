@@ -20,7 +20,7 @@ from ..modes import eval_mode
 from ..sampler import PROXIES
 from .engine import Engine, ForwardRecord
 from .rows import make_row
-from .width_cost import width_cost
+from .width_cost import forward_costs
 
 METHODS = ("ntp", "sbd", "sbd-verify")
 DRAFTS = ("block", "eb", "adaptive")  # how sbd-verify drafts: whole blocks, the EB rule, or a length per row
@@ -249,9 +249,9 @@ def generate(
     forward as the draft (gamma and proxy unused); "eb" first reveals it with the EB rule (gamma,
     proxy) over forwards of its own, as SBD would — better drafts for more forwards; greedy only;
     "adaptive" lets each row choose how many masks to feed (at most block_size) from its own acceptance
-    so far and the measured cost of a wider forward on this model (`sbd.decoding.width_cost`, timed
+    so far and the measured cost of wider forwards on this model (`sbd.decoding.width_cost`, timed
     once per model and batch size): shorter drafts where they are often refused or forwards are
-    compute-bound.
+    compute-bound, plain next-token steps (with an occasional probe) where no draft pays.
 
     seed (temperature > 0): an int (row i samples with seed + i) or one int per prompt; each row draws
     from its own stream, so a row samples the same alone as in any batch.
@@ -286,11 +286,11 @@ def generate(
     common = dict(max_new=max_new_tokens, eos=list(eos_token_ids), stop=stop or [], tokenizer=tokenizer,
                   temperature=temperature, device=device)
     mask_id = getattr(model.config, "sbd_mask_token_id", None)
-    cost = width_cost(model, batch=len(prompt_ids)) if method == "sbd-verify" and draft == "adaptive" else None
+    cost = forward_costs(model, batch=len(prompt_ids)) if method == "sbd-verify" and draft == "adaptive" else None
 
     start = time.perf_counter()
     rows = [make_row(method, p, mask_id=mask_id, block_size=block_size, gamma=gamma, proxy=proxy, draft=draft,
-                     fixed=reveal_per_forward, seed=s, width_cost=cost, **common)
+                     fixed=reveal_per_forward, seed=s, cost=cost, **common)
             for p, s in zip(prompt_ids, seeds)]
     k = min(block_size, max_new_tokens)
     widths = () if not (static_shapes or compile) else (1,) if method == "ntp" else (k, 2 * k)

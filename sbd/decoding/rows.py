@@ -249,17 +249,18 @@ class SBDRow(Row):
         return 0
 
 
-def best_draft_length(alpha: float, width_cost: float, longest: int) -> int:
-    """The draft length d (1..longest) that maximises expected tokens per unit of forward time.
+def best_draft_length(alpha: float, cost, longest: int) -> int:
+    """The draft length d (0..longest) that maximises expected tokens per unit of forward time.
 
-    A verifying forward with a draft of d tokens feeds 1 + d + (d + 1) tokens (head, draft, and the
-    masks that draft the next d), so it costs about 1 + width_cost·(2d + 1) one-token forwards; if each
-    draft token stands with probability alpha once the one before it stood, it yields on average
-    1 + alpha·(1 − alpha^d) / (1 − alpha) tokens."""
-    best, value = 1, -1.0
-    for d in range(1, max(1, longest) + 1):
+    A verifying forward with a draft of d ≥ 1 tokens feeds 1 + d + (d + 1) tokens (head, draft, and the
+    masks that draft the next d) and costs `cost(2d + 2)` one-token forwards; if each draft token stands
+    with probability alpha once the one before it stood, it yields 1 + alpha·(1 − alpha^d)/(1 − alpha)
+    tokens on average. d = 0 is a plain next-token step (1 token for `cost(1)`), chosen when no draft
+    pays for its width."""
+    best, value = 0, 1.0 / cost(1)
+    for d in range(1, max(0, longest) + 1):
         made = 1 + (d * alpha if alpha >= 1 else alpha * (1 - alpha ** d) / (1 - alpha))
-        v = made / (1 + width_cost * (2 * d + 1))
+        v = made / cost(2 * d + 2)
         if v > value + 1e-12:
             best, value = d, v
     return best
@@ -291,16 +292,21 @@ def accept_sampled(ntp_logits, draft, q_draft, temperature, gen):
 class VerifyRow(Row):
     """sbd-verify (module docstring). eb_gamma None: the draft is the whole block the masks predicted;
     a number: the draft is first revealed by the EB rule over forwards of its own (greedy only).
-    width_cost (adaptive drafting): after every forward the row picks how many masks to feed next
-    (at most block_size) from its own acceptance so far and the relative cost of one more token in a
-    forward (`best_draft_length`); None drafts whole blocks. Either way the tokens are NTP's."""
+    cost (adaptive drafting): a function width → relative forward time (`sbd.decoding.width_cost`);
+    after every verifying forward the row picks how many masks to feed next (at most block_size) from
+    its own acceptance so far (`best_draft_length`). When no draft pays, it takes plain next-token
+    steps and tries a one-token draft every `PROBE_EVERY` forwards to notice when drafting starts to
+    pay again. None drafts whole blocks. Either way the tokens are NTP's."""
+
+    PROBE_EVERY = 16
 
     def __init__(self, prompt, *, block_size: int, mask_id: int, eb_gamma: float | None = None,
-                 proxy: str = "entropy", width_cost: float | None = None, **kw):
+                 proxy: str = "entropy", cost=None, **kw):
         super().__init__(prompt, **kw)
         self.block_size, self.mask_id, self.eb_gamma, self.proxy = block_size, mask_id, eb_gamma, proxy
-        self.width_cost = width_cost
+        self.cost = cost
         self.n_masks = block_size  # masks fed by the next verifying forward
+        self.plain_steps = 0  # consecutive next-token steps (adaptive drafting found no draft worth its width)
         self.rejections = 0  # verifying forwards in which a draft token was refused
         self.needs_extra = 2 * block_size + 1
         self.in_prefill = len(self.prompt) > 1
@@ -381,9 +387,13 @@ class VerifyRow(Row):
         self.accepted.append(a)
         self.proposed += n
         self.rejections += a < n
-        if self.width_cost is not None and self.block_size > 1:  # the geometric acceptance estimate, with a prior
+        if self.cost is not None and self.block_size > 1:  # the geometric acceptance estimate, with a prior
             alpha = (sum(self.accepted) + 1) / (sum(self.accepted) + self.rejections + 2)
-            self.n_masks = best_draft_length(alpha, self.width_cost, self.block_size - 1) + 1
+            d = best_draft_length(alpha, self.cost, self.block_size - 1)
+            self.plain_steps = self.plain_steps + 1 if d == 0 else 0
+            if d == 0 and self.plain_steps % self.PROBE_EVERY == 0:
+                d = 1  # a probe: masks now, a one-token draft verified in the next forward
+            self.n_masks = d + 1 if d else 0
         new = tokens[: a + 1]  # draft tokens kept (they equal NTP's) + NTP's next token
         start = len(self.out)
         self.out += new
@@ -411,15 +421,15 @@ class VerifyRow(Row):
 
 def make_row(method: str, prompt: list[int], *, mask_id: int | None, block_size: int = 16, gamma: float = 0.35,
              proxy: str = "entropy", draft: str = "block", fixed: int | None = None,
-             width_cost: float | None = None, **common) -> Row:
-    """A row for `method` ("ntp", "sbd", "sbd-verify"); draft "block", "eb" or "adaptive" (with
-    `width_cost`); `common`: max_new, eos, stop, tokenizer, temperature, seed, device. Arguments are
+             cost=None, **common) -> Row:
+    """A row for `method` ("ntp", "sbd", "sbd-verify"); draft "block", "eb" or "adaptive" (with `cost`,
+    width → relative forward time); `common`: max_new, eos, stop, tokenizer, temperature, seed, device. Arguments are
     validated by the caller (`generate`, the server)."""
     if method == "ntp":
         return NTPRow(prompt, **common)
     if method == "sbd-verify":
         return VerifyRow(prompt, block_size=block_size, mask_id=int(mask_id), proxy=proxy,
                          eb_gamma=float(gamma) if draft == "eb" else None,
-                         width_cost=width_cost if draft == "adaptive" else None, **common)
+                         cost=cost if draft == "adaptive" else None, **common)
     return SBDRow(prompt, block_size=block_size, mask_id=int(mask_id), gamma=float(gamma), proxy=proxy,
                   fixed=fixed, **common)

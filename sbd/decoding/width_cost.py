@@ -1,20 +1,24 @@
 """How much a wider forward costs on this model and device: what adaptive drafting trades against.
 
-`width_cost(model, batch)` is the extra time of one more token in a forward, relative to a 1-token
-forward (0.004 / 15 tokens on an H100 by the paper's roofline; ~0.03–0.1 on a CPU, where a forward is
-compute-bound). Measured once per model, batch size and device with a short cache, and remembered.
+`forward_costs(model, batch)` times forwards of a few widths over a short cache and returns a function
+giving the time of a w-token forward relative to a 1-token forward (interpolated between the widths
+timed). On an H100 the paper's roofline puts a 16-token forward at 1.004x; on a CPU the step from 1 to
+2 tokens alone can cost half a forward (a matrix-vector product becomes a matrix product), and the
+cost then grows with the width. Measured once per model, batch size and device, and remembered.
 """
 
 from __future__ import annotations
 
+import bisect
 import statistics
 import time
 import weakref
+from typing import Callable
 
 import torch
 from transformers import DynamicCache
 
-WIDE = 17  # the widest forward timed (a verify step at block 8)
+WIDTHS = (1, 2, 3, 4, 6, 9, 17, 33)  # the widths timed; a verify step with draft d is 2d + 2 wide
 _MEASURED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
@@ -30,8 +34,8 @@ def _timed(model, ids, cache, past: int, device) -> float:
     return time.perf_counter() - t
 
 
-def width_cost(model, batch: int = 1, context: int = 64, repeats: int = 5) -> float:
-    """Relative extra cost of one more token in a forward: (time(WIDE) / time(1) − 1) / (WIDE − 1), ≥ 0."""
+def relative_costs(model, batch: int = 1, context: int = 64, repeats: int = 3) -> dict[int, float]:
+    """{width: median time of a width-token forward / that of a 1-token forward} for `WIDTHS`."""
     key = (batch, str(model.get_input_embeddings().weight.device))
     known = _MEASURED.setdefault(model, {})
     if key in known:
@@ -41,16 +45,34 @@ def width_cost(model, batch: int = 1, context: int = 64, repeats: int = 5) -> fl
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab, (batch, context), generator=g).to(device)
     cache = DynamicCache(config=model.config)
+    times: dict[int, list[float]] = {w: [] for w in WIDTHS}
     with torch.inference_mode():
         model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        one = torch.randint(0, vocab, (batch, 1), generator=g).to(device)
-        wide = torch.randint(0, vocab, (batch, WIDE), generator=g).to(device)
-        for ids in (one, wide):  # warm-up
-            _timed(model, ids, cache, context, device)
-        t1, tw = [], []
-        for _ in range(repeats):  # interleaved
-            t1.append(_timed(model, one, cache, context, device))
-            tw.append(_timed(model, wide, cache, context, device))
-    cost = max(0.0, (statistics.median(tw) / statistics.median(t1) - 1) / (WIDE - 1))
-    known[key] = cost
+        inputs = {w: torch.randint(0, vocab, (batch, w), generator=g).to(device) for w in WIDTHS}
+        for w in WIDTHS:  # warm-up
+            _timed(model, inputs[w], cache, context, device)
+        for _ in range(repeats):  # widths interleaved
+            for w in WIDTHS:
+                times[w].append(_timed(model, inputs[w], cache, context, device))
+    one = statistics.median(times[1])
+    costs = {w: max(1.0, statistics.median(t) / one) if w > 1 else 1.0 for w, t in times.items()}
+    known[key] = costs
+    return costs
+
+
+def forward_costs(model, batch: int = 1) -> Callable[[int], float]:
+    """A function: width → time of such a forward relative to a 1-token forward (linear between the
+    widths timed, extended linearly beyond the widest)."""
+    return interpolate(relative_costs(model, batch))
+
+
+def interpolate(costs: dict[int, float]) -> Callable[[int], float]:
+    widths = sorted(costs)
+
+    def cost(w: int) -> float:
+        if w <= widths[0]:
+            return costs[widths[0]]
+        i = min(bisect.bisect_left(widths, w), len(widths) - 1)
+        a, b = widths[i - 1], widths[i]
+        return costs[a] + (costs[b] - costs[a]) * (w - a) / (b - a)
     return cost

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from ..decoding.generate import apply_chat, check_prompt_ids, context_limit, default_block_size, default_eos_ids
 from ..decoding.rows import make_row
-from ..decoding.width_cost import width_cost
+from ..decoding.width_cost import forward_costs
 from ..errors import SBDError
 from . import protocol as P
 from .metrics import Metrics
@@ -52,7 +52,7 @@ class Server:
         self.metrics = Metrics()
         # adaptive drafting trades acceptance against the cost of a wider forward, timed once here at the
         # engine's full batch (the load the server is sized for)
-        self.width_cost = width_cost(model, batch=config.max_batch)
+        self.forward_cost = forward_costs(model, batch=config.max_batch)
         width = 2 * max(self.limits.block_size_limit, self.default_block) + 1
         limit = context_limit(model)  # prompt + max_tokens never run past the model's positions
         self.max_len = min(config.max_model_len, limit) if limit else config.max_model_len
@@ -73,7 +73,7 @@ class Server:
         row = make_row(opts.method, prompt_ids, mask_id=self.mask_id, block_size=opts.block_size, gamma=opts.gamma,
                        proxy=opts.proxy, draft=opts.draft, max_new=opts.max_tokens, eos=self.eos, stop=opts.stop,
                        tokenizer=self.tokenizer, temperature=opts.temperature, seed=opts.seed, device=self.device,
-                       width_cost=self.width_cost)
+                       cost=self.forward_cost)
         return Job(row, opts.method, asyncio.get_running_loop())
 
 
