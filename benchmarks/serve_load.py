@@ -44,11 +44,14 @@ def start(app) -> tuple[uvicorn.Server, str]:
 
 
 def one_request(client: httpx.Client, url: str, prompt: str, method: str, max_tokens: int) -> dict:
-    """One streamed request; `method` may carry a block size, e.g. "sbd-verify:4", and a prefill mode
-    after "@" (which server of the run answers it), e.g. "ntp@mixed"."""
+    """One streamed request; `method` may carry a block size ("sbd-verify:4"), a draft mode after "~"
+    ("sbd-verify:8~adaptive") and a prefill mode after "@" (which server of the run answers it, "ntp@mixed")."""
     method = method.partition("@")[0]
+    method, _, draft = method.partition("~")
     name, _, block = method.partition(":")
     body = {"prompt": prompt, "max_tokens": max_tokens, "method": name, "stream": True}
+    if draft:
+        body["draft"] = draft
     if block:
         body["block_size"] = int(block)
     t0 = time.perf_counter()
@@ -110,7 +113,7 @@ def main(argv=None) -> None:
     ap.add_argument("--requests", type=int, default=32, help="requests per round (default: 32)")
     ap.add_argument("--clients", default="1,4,16")
     ap.add_argument("--methods", default="ntp,sbd-verify",
-                    help="comma-separated; method:BLOCK sets a block size (sbd-verify:4), @mixed the newcomers' "
+                    help="comma-separated; method:BLOCK sets a block size (sbd-verify:4), ~adaptive the draft mode, @mixed the newcomers' "
                          "prefill inside the shared forward (ntp@mixed; default @separate); the first is the baseline")
     ap.add_argument("--max-tokens", type=int, default=112)
     ap.add_argument("--max-batch", type=int, default=16)

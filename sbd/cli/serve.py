@@ -30,10 +30,10 @@ def add_serve_parser(sub) -> None:
                    help="default decoding method (default: sbd-verify, the model's exact answers)")
     p.add_argument("--block-size", type=_positive, default=None,
                    help="default block size (default: the adapter's trained size, else 16)")
-    p.add_argument("--draft", default="block", choices=["block", "eb", "adaptive"],
-                   help="default sbd-verify drafting: block = whole blocks; eb = revealed by the EB rule first; "
-                        "adaptive = each request picks its draft length from its own acceptance and the cost of a "
-                        "wider forward, timed at start-up (default: block)")
+    p.add_argument("--draft", default="adaptive", choices=["adaptive", "block", "eb"],
+                   help="default sbd-verify drafting: adaptive = each request picks its draft length (up to the "
+                        "block size, or plain next-token steps) from its own acceptance and the forward costs timed "
+                        "at start-up; block = whole blocks; eb = revealed by the EB rule first (default: adaptive)")
     p.add_argument("--gamma", type=_gamma, default=0.35, help="default EB bound for method sbd (default: 0.35)")
     p.add_argument("--max-tokens", type=_positive, default=256, help="default max_tokens (default: 256)")
     p.add_argument("--max-tokens-limit", type=_positive, default=1024,
@@ -57,7 +57,8 @@ def server_config(args, model):
         raise SBDError(f"--max-model-len {length} exceeds the model's context of {limit}")
     if args.max_tokens > args.max_tokens_limit:
         raise SBDError("--max-tokens exceeds --max-tokens-limit")
-    limits = Limits(method=args.method, draft=args.draft, block_size=args.block_size, gamma=args.gamma, max_tokens=args.max_tokens,
+    limits = Limits(method=args.method, draft=args.draft, block_size=args.block_size, gamma=args.gamma,
+                    max_tokens=args.max_tokens,
                     max_tokens_limit=args.max_tokens_limit)
     name = args.served_name or str(args.model).rstrip("/").rsplit("/", 1)[-1]
     return ServerConfig(model_name=name, max_batch=args.max_batch, max_queue=args.max_queue, max_model_len=length,

@@ -69,7 +69,7 @@ class Limits:
     """Server-side defaults and limits for what a request may ask."""
 
     method: str = "sbd-verify"
-    draft: str = "block"
+    draft: str = "adaptive"
     block_size: int | None = None  # None: the model's (an adapter's trained size, else 16)
     gamma: float = 0.35
     max_tokens: int = 256
@@ -115,7 +115,7 @@ def options(req: DecodingFields, limits: Limits, default_block: int) -> Options:
     proxy = req.proxy or "entropy"
     if proxy not in ("entropy", "confidence", "margin"):
         raise _bad("proxy must be entropy, confidence or margin", "proxy")
-    draft = req.draft or limits.draft
+    draft = req.draft or (limits.draft if method == "sbd-verify" else "block")  # the default is sbd-verify's
     if draft not in ("block", "eb", "adaptive") or (draft != "block" and method != "sbd-verify"):
         raise _bad("draft is block, eb or adaptive, and eb and adaptive apply to method sbd-verify only", "draft")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
