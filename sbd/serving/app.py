@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -61,7 +60,7 @@ class Server:
 
     def job(self, prompt_ids: list[int], opts: P.Options) -> Job:
         if opts.method != "ntp" and self.mask_id is None:
-            raise P.APIError(400, f"this model has no SBD mask token; use method ntp", param="method")
+            raise P.APIError(400, "this model has no SBD mask token; use method ntp", param="method")
         if len(prompt_ids) + opts.max_tokens > self.max_len:
             raise P.APIError(400, f"prompt ({len(prompt_ids)} tokens) + max_tokens ({opts.max_tokens}) exceeds "
                                   f"this server's {self.max_len} tokens per request", param="max_tokens",
