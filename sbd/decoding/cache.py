@@ -12,38 +12,37 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 
+def _buffers(key_states, value_states, rows: int, positions: int, zeros: bool, static: bool = False):
+    """Key and value buffers of (rows, heads, positions, head_dim). zeros: positions a mask hides still
+    enter the attention product as 0·v, so they must not hold NaN; static: fixed addresses (a captured
+    CUDA graph may write into them in place)."""
+    new_k = key_states.new_zeros if zeros else key_states.new_empty
+    new_v = value_states.new_zeros if zeros else value_states.new_empty
+    k = new_k((rows, key_states.shape[1], positions, key_states.shape[-1]))
+    v = new_v((rows, value_states.shape[1], positions, value_states.shape[-1]))
+    if static:
+        torch._dynamo.mark_static_address(k)
+        torch._dynamo.mark_static_address(v)
+    return k, v
+
+
 class SlabLayer(DynamicLayer):
-    """One layer's keys/values in a fixed-capacity buffer of shape (B, heads, capacity, head_dim).
+    """One layer's keys/values in a fixed-capacity buffer of shape (B, heads, capacity, head_dim), one
+    length for all rows (the probe, the convergence check and forward-cost timing use it)."""
 
-    static: every forward sees the whole buffer (the attention mask hides what is not written yet) and
-    writes at the device positions `write_at`, so that the shapes of a forward never change and it can
-    be compiled or captured as a CUDA graph; the caller moves `length` after the forward."""
-
-    def __init__(self, capacity: int, static: bool = False):
+    def __init__(self, capacity: int):
         super().__init__()
         self.capacity = capacity
         self.length = 0
-        self.static = static
-        self.write_at: torch.Tensor | None = None
 
     def lazy_initialization(self, key_states, value_states) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
-        b, h, _, d = key_states.shape
-        new = key_states.new_zeros if self.static else key_states.new_empty  # hidden entries must not be NaN
-        self._k = new((b, h, self.capacity, d))
-        self._v = new((b, value_states.shape[1], self.capacity, value_states.shape[-1]))
-        if self.static:  # fixed addresses: a captured CUDA graph may write into them in place
-            torch._dynamo.mark_static_address(self._k)
-            torch._dynamo.mark_static_address(self._v)
+        self._k, self._v = _buffers(key_states, value_states, key_states.shape[0], self.capacity, zeros=False)
         self.is_initialized = True
 
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        if self.static:
-            self._k.index_copy_(2, self.write_at, key_states)
-            self._v.index_copy_(2, self.write_at, value_states)
-            return self._k, self._v
         end = self.length + key_states.shape[-2]
         if end > self.capacity:
             raise RuntimeError(f"KV cache overflow: {end} > capacity {self.capacity}")
@@ -81,25 +80,12 @@ class SlabLayer(DynamicLayer):
         if self.is_initialized:
             self._k = self._k[indices]
             self._v = self._v[indices]
-            if self.static:
-                torch._dynamo.mark_static_address(self._k)
-                torch._dynamo.mark_static_address(self._v)
 
 
-def slab_cache(model, capacity: int, static: bool = False) -> Cache:
-    """A cache for `model` holding at most `capacity` positions per row (static: see `SlabLayer`)."""
+def slab_cache(model, capacity: int) -> Cache:
+    """A cache for `model` holding at most `capacity` positions per row, one length for all rows."""
     n_layers = model.config.get_text_config(decoder=True).num_hidden_layers
-    return Cache(layers=[SlabLayer(capacity, static) for _ in range(n_layers)])
-
-
-def set_writes(cache: Cache, write_at: torch.Tensor, length: int) -> None:
-    """Static caches: where the next forward writes (device positions) and the length after it."""
-    for layer in cache.layers:
-        layer.write_at, layer.length = write_at, length
-
-
-def cache_length(cache: Cache) -> int:
-    return cache.layers[0].get_seq_length()
+    return Cache(layers=[SlabLayer(capacity) for _ in range(n_layers)])
 
 
 def crop(cache: Cache, n: int) -> None:
@@ -131,14 +117,8 @@ class SlotLayer(DynamicLayer):
 
     def lazy_initialization(self, key_states, value_states) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
-        h, d = key_states.shape[1], key_states.shape[-1]
-        # zeros, not empty: positions a mask hides still enter the attention product as 0·v (never NaN)
-        self._k = key_states.new_zeros((self.slots, h, self.capacity + self.trash, d))
-        self._v = value_states.new_zeros((self.slots, value_states.shape[1], self.capacity + self.trash,
-                                          value_states.shape[-1]))
-        if self.static:
-            torch._dynamo.mark_static_address(self._k)
-            torch._dynamo.mark_static_address(self._v)
+        self._k, self._v = _buffers(key_states, value_states, self.slots, self.capacity + self.trash, zeros=True,
+                                    static=self.static)
         self.is_initialized = True
 
     def update(self, key_states, value_states, *args, **kwargs):

@@ -61,19 +61,22 @@ class ForwardRecord:
         return [(layer.keys[i, :, :n], layer.values[i, :, :n]) for layer in self.cache.layers]
 
 
+def columns(n_real: torch.Tensor, width: int) -> torch.Tensor:
+    """(B, width): each column's index among its row's real tokens (rows right-aligned); < 0 for padding."""
+    return torch.arange(width, device=n_real.device)[None] - (width - n_real)[:, None]
+
+
 def step_mask(lengths: torch.Tensor, n_real: torch.Tensor, n_commit: torch.Tensor, width: int,
-              visible: int) -> torch.Tensor:
+              visible: int, j: torch.Tensor | None = None) -> torch.Tensor:
     """(B, 1, width, visible) bool mask of one engine forward (True = may attend).
 
     Row b has `lengths[b]` cached positions and feeds `n_real[b]` tokens right-aligned in `width`
     columns, the first `n_commit[b]` causal, the rest one block. Its tokens sit at cache positions
     lengths[b] … lengths[b] + n_real[b] − 1. Causal queries see the cache and the earlier new tokens;
     block queries see the cache and every new token; padding queries see the row's first new token only
-    (no attention row may be empty)."""
-    device = lengths.device
-    col = torch.arange(width, device=device)
-    j = col[None] - (width - n_real)[:, None]  # index among the row's real tokens; < 0 for padding
-    rel = torch.arange(visible, device=device)[None, None] - lengths[:, None, None]  # (B, 1, visible)
+    (no attention row may be empty). j: `columns(n_real, width)`, if the caller has it already."""
+    j = columns(n_real, width) if j is None else j
+    rel = torch.arange(visible, device=lengths.device)[None, None] - lengths[:, None, None]  # (B, 1, visible)
     causal = (j < n_commit[:, None])[..., None]
     new = (rel >= 0) & (rel < n_real[:, None, None]) & (~causal | (rel <= j[..., None]))
     real = (j >= 0)[..., None]
@@ -179,11 +182,10 @@ class Engine:
         L = torch.tensor(lengths, dtype=torch.long, device=dev)
         n = torch.tensor(real, dtype=torch.long, device=dev)
         c = torch.tensor([f.n_commit for f in feeds], dtype=torch.long, device=dev)
-        col = torch.arange(width, device=dev)
-        j = col[None] - (width - n)[:, None]
+        j = columns(n, width)
         pos = (L[:, None] + j).clamp_min(0)
-        mask = step_mask(L, n, c, width, visible)
-        write_at = torch.where(j >= 0, L[:, None] + j, (L + n)[:, None] + col[None])  # padding: after the row
+        mask = step_mask(L, n, c, width, visible, j)
+        write_at = L[:, None] + torch.where(j >= 0, j, j + width)  # padding writes after the row's real tokens
         for layer in self.cache.layers:
             layer.lo, layer.hi, layer.visible, layer.write_at = lo, hi, visible, write_at
         keep = max(n_logits, 1)  # (0 would mean "all" to transformers)

@@ -91,11 +91,11 @@ class Row:
             if t in self.eos:
                 end = start + i + 1
                 break
-        seq = self.out[:start] + candidates
-        n = self._stop_length(seq)
-        if n is not None and (end is None or n < end):
-            end = n
-        if len(seq) >= self.max_new:
+        if self.stop and self.tokenizer is not None:  # opt-in: only then the text is looked at
+            n = self._stop_length(self.out[:start] + candidates)
+            if n is not None and (end is None or n < end):
+                end = n
+        if start + len(candidates) >= self.max_new:
             end = min(end if end is not None else self.max_new, self.max_new)
         return end
 
