@@ -154,6 +154,7 @@ def test_a_client_that_disconnects_frees_its_row(live, client):
     ({"prompt": "x", "temperature": -1}, 400, "temperature"),
     ({"prompt": "x", "block_size": 1000}, 400, "block_size"),
     ({"prompt": "x", "draft": "eb", "method": "sbd"}, 400, "draft"),
+    ({"prompt": "x", "draft": "adaptive", "temperature": 0.7}, 400, "draft"),
     ({"max_tokens": 3}, 400, "prompt"),
     ({"prompt": 5}, 400, "prompt"),
     ({"prompt": []}, 400, "prompt"),

@@ -234,6 +234,8 @@ def test_adaptive_drafts_are_exact_and_follow_the_cost(model, monkeypatch, cost)
         assert widths[3:].count(1) > len(widths[3:]) // 2
     with pytest.raises(sbd.SBDError, match="applies to method='sbd-verify'"):
         sbd.generate(model, None, prompts, method="sbd", draft="adaptive")
+    with pytest.raises(sbd.SBDError, match="greedy only"):
+        sbd.generate(model, None, prompts, method="sbd-verify", draft="adaptive", temperature=1.0)
 
 
 def test_forward_costs_are_measured_once_per_model_and_batch(llama):

@@ -189,6 +189,9 @@ def _validate(model, method, block_size, gamma, proxy, max_new_tokens, temperatu
         raise SBDError(f"unknown draft {draft!r}; choose one of {', '.join(DRAFTS)}")
     if draft != "block" and method != "sbd-verify":
         raise SBDError(f"draft={draft!r} applies to method='sbd-verify'; the other methods take no draft")
+    if draft == "adaptive" and temperature > 0:
+        raise SBDError("draft='adaptive' is greedy only: its draft lengths follow measured timings, so with "
+                       "sampling a seed would no longer reproduce the sample; use draft='block'")
     if draft == "eb" and temperature > 0:
         raise SBDError("draft='eb' is greedy only (the acceptance rule of sampling needs every draft token drawn "
                        "from its own distribution, which out-of-order reveals break); use draft='block'")

@@ -115,18 +115,21 @@ def options(req: DecodingFields, limits: Limits, default_block: int) -> Options:
     proxy = req.proxy or "entropy"
     if proxy not in ("entropy", "confidence", "margin"):
         raise _bad("proxy must be entropy, confidence or margin", "proxy")
-    draft = req.draft or (limits.draft if method == "sbd-verify" else "block")  # the default is sbd-verify's
+    # the server's default draft is sbd-verify's, and greedy only when adaptive (with sampling, timed draft
+    # lengths would make a seed stop reproducing the sample)
+    temperature = 0.0 if req.temperature is None else req.temperature
+    default = limits.draft if method == "sbd-verify" else "block"
+    draft = req.draft or (default if not (default == "adaptive" and temperature > 0) else "block")
     if draft not in ("block", "eb", "adaptive") or (draft != "block" and method != "sbd-verify"):
         raise _bad("draft is block, eb or adaptive, and eb and adaptive apply to method sbd-verify only", "draft")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     max_tokens = limits.max_tokens if max_tokens is None else max_tokens
     if not 1 <= max_tokens <= limits.max_tokens_limit:
         raise _bad(f"max_tokens must be between 1 and {limits.max_tokens_limit}", "max_tokens")
-    temperature = 0.0 if req.temperature is None else req.temperature
     if math.isnan(temperature) or not 0 <= temperature <= 2:
         raise _bad("temperature must be between 0 and 2", "temperature")
-    if draft == "eb" and temperature > 0:
-        raise _bad("draft eb is greedy only (temperature 0)", "draft")
+    if draft in ("eb", "adaptive") and temperature > 0:
+        raise _bad(f"draft {draft} is greedy only (temperature 0)", "draft")
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if len(stop) > 4 or not all(stop):
         raise _bad("stop is up to 4 non-empty strings", "stop")
