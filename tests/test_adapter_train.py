@@ -92,3 +92,28 @@ def test_distill_records_train_and_resume_after_a_torn_line(tmp_path, capsys):
     assert again == recs
     assert main(["train", "--model", str(tmp_path / "model"), "--data", str(out), "--out", str(tmp_path / "t"),
                  "--adapter", "lora", "--steps", "2", "--batch-size", "3", "--no-progress"]) == 0
+
+
+def test_an_adapter_folder_as_model_continues_that_adapter(tmp_path, capsys):
+    """Warm start: --model names a trained adapter; training goes on from its weights, on the same base."""
+    _setup(tmp_path)
+    assert main(_argv(tmp_path, tmp_path / "first", 20)) == 0
+    first = load_file(str(tmp_path / "first" / "adapter_model.safetensors"))
+    argv = _argv(tmp_path, tmp_path / "more", 20)
+    argv[argv.index("--model") + 1] = str(tmp_path / "first")
+    assert main(argv) == 0
+    assert "continuing the drafting adapter" in capsys.readouterr().out
+    more = load_file(str(tmp_path / "more" / "adapter_model.safetensors"))
+    assert more.keys() == first.keys() and any(not torch.equal(first[k], more[k]) for k in first)
+    first_loss = [json.loads(x) for x in (tmp_path / "first" / "metrics.jsonl").read_text().splitlines()][0]
+    more_loss = [json.loads(x) for x in (tmp_path / "more" / "metrics.jsonl").read_text().splitlines()][0]
+    assert more_loss["matp_loss"] < first_loss["matp_loss"]  # it starts where the first run ended
+    assert json.loads((tmp_path / "more" / "adapter_config.json").read_text())["base_model_name_or_path"] == \
+        json.loads((tmp_path / "first" / "adapter_config.json").read_text())["base_model_name_or_path"]
+    rank = argv.index("--rank")
+    argv[rank + 1] = "4"
+    argv[argv.index("--out") + 1] = str(tmp_path / "other")
+    assert main(argv) == 2 and "give --rank 8" in capsys.readouterr().err
+    full = [a for a in argv if a not in ("--adapter", "lora")]
+    full[full.index("--rank") + 1] = "8"
+    assert main(full) == 2 and "is a drafting adapter" in capsys.readouterr().err

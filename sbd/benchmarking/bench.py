@@ -14,6 +14,7 @@ is (limit of our NTP loop) / (limit of the row), and `share` = measured speedup 
 
 from __future__ import annotations
 
+import contextlib
 import platform
 import statistics
 import time
@@ -24,6 +25,7 @@ import torch
 
 from ..decoding.generate import check_prompt_ids, default_eos_ids, encode_prompts, generate
 from ..errors import SBDError
+from ..models.narrow_linear import use_narrow_linear, uses_narrow_linear
 from ..modes import eval_mode
 from .forward_cost import Shape, _sync, time_forwards
 
@@ -41,10 +43,12 @@ class Method:
     block_size: int | None = None  # sbd and sbd-verify
     compiled: bool = False  # our loops through torch.compile on static shapes
     fixed: int | None = None  # sbd-fixed: tokens revealed per forward (a timing schedule)
+    narrow: bool | None = None  # linear layers of narrow forwards as W·xᵀ (True) or F.linear (False); None: as loaded
 
     @property
     def name(self) -> str:
-        return self._base_name + (", compiled" if self.compiled else "")
+        linear = {None: "", True: ", narrow linear", False: ", F.linear"}[self.narrow]
+        return self._base_name + (", compiled" if self.compiled else "") + linear
 
     @property
     def _base_name(self) -> str:
@@ -75,11 +79,14 @@ class Method:
 
 
 def parse_methods(text: str, gammas: Sequence[float], block_sizes: Sequence[int] | int, assistant: bool,
-                  compiled: bool = False, fixed: Sequence[int] = (2, 3, 4)) -> list[Method]:
+                  compiled: bool = False, fixed: Sequence[int] = (2, 3, 4),
+                  narrow: Sequence[bool | None] = (None,)) -> list[Method]:
     """`hf,prompt-lookup,ntp,sbd,sbd-verify` → Methods; `sbd` expands to one row per (block size, γ) and
     `sbd-verify` to one per block size; `assisted` needs an assistant model. Our NTP loop is always
     included (the predicted speedups are relative to it). compiled: each of our rows again, compiled.
-    `sbd-fixed` expands to one row per (block size, tokens revealed per forward in `fixed`)."""
+    `sbd-fixed` expands to one row per (block size, tokens revealed per forward in `fixed`).
+    narrow: the linear-layer settings to compare (`sbd.models.narrow_linear`); every method whose forwards
+    are wider than one token gets a row per setting (HF greedy and our NTP loop run the model as loaded)."""
     sizes = [block_sizes] if isinstance(block_sizes, int) else list(block_sizes)
     names = [t.strip() for t in text.split(",") if t.strip()]
     unknown = [n for n in names if n not in KINDS]
@@ -109,6 +116,10 @@ def parse_methods(text: str, gammas: Sequence[float], block_sizes: Sequence[int]
             methods.append(Method(n))
     if compiled:
         methods += [Method(m.kind, m.gamma, m.block_size, True, m.fixed) for m in methods if m.ours]
+    settings = list(dict.fromkeys(narrow)) or [None]
+    if settings != [None]:
+        methods = [m if m.kind in ("hf", "ntp") else Method(m.kind, m.gamma, m.block_size, m.compiled, m.fixed, s)
+                   for m in methods for s in (settings if m.kind not in ("hf", "ntp") else [None])]
     return methods
 
 
@@ -185,8 +196,27 @@ def _hf_generate(model, tokenizer, batch: list[list[int]], max_new: int, eos: li
     return [_cut_at_eos(row[longest:].tolist(), set(eos)) for row in out]
 
 
+@contextlib.contextmanager
+def _linear_layers(model, narrow: bool | None):
+    """The model's linear layers as `narrow` asks (None: as they are) for the time of one call."""
+    if narrow is None:
+        yield
+        return
+    before = uses_narrow_linear(model)
+    use_narrow_linear(model, narrow)
+    try:
+        yield
+    finally:
+        use_narrow_linear(model, before)
+
+
 def _run(method: Method, model, tokenizer, batch, max_new, eos, assistant, record: list | None):
     """Decode one batch with `method`; returns (tokens per row, NFE per row or None)."""
+    with _linear_layers(model, method.narrow):
+        return _decode(method, model, tokenizer, batch, max_new, eos, assistant, record)
+
+
+def _decode(method: Method, model, tokenizer, batch, max_new, eos, assistant, record: list | None):
     if method.kind == "hf":
         return _hf_generate(model, tokenizer, batch, max_new, eos), None
     if method.kind == "prompt-lookup":
@@ -292,18 +322,25 @@ def bench(model, tokenizer, prompts: Sequence, methods: Sequence[Method], *, bat
         "threads": torch.get_num_threads(), "dtype": str(model.dtype).replace("torch.", ""),
         "prompts": len(prompt_ids), "batch_sizes": list(batch_sizes), "repeats": repeats,
         "max_new_tokens": max_new_tokens, "model_parameters": sum(p.numel() for p in model.parameters()),
+        "narrow_linear_as_loaded": uses_narrow_linear(model),
     }
     return BenchResult(rows, meta)
 
 
 def _limits(model, runs: dict, repeats: int) -> dict:
     """Per method: the summed standalone time of the forwards it made (None for Hugging Face rows)."""
-    runs = {m: run for m, run in runs.items() if not m.compiled}  # forwards are timed eagerly
-    shapes = {_bucket(s) for run in runs.values() for s in run.forwards}
-    if not shapes:
-        return {}
-    cost = time_forwards(model, sorted(shapes, key=lambda s: (s.batch, s.cached, s.width, s.n_commit)), repeats=repeats)
-    return {m: sum(cost[_bucket(s)] for s in run.forwards) for m, run in runs.items() if m.ours}
+    runs = {m: run for m, run in runs.items() if not m.compiled and m.ours}  # forwards are timed eagerly
+    limits = {}
+    for narrow in dict.fromkeys(m.narrow for m in runs):  # each linear-layer setting times its own forwards
+        group = {m: run for m, run in runs.items() if m.narrow == narrow}
+        shapes = {_bucket(s) for run in group.values() for s in run.forwards}
+        if not shapes:
+            continue
+        with _linear_layers(model, narrow):
+            cost = time_forwards(model, sorted(shapes, key=lambda s: (s.batch, s.cached, s.width, s.n_commit)),
+                                 repeats=repeats)
+        limits.update({m: sum(cost[_bucket(s)] for s in run.forwards) for m, run in group.items()})
+    return limits
 
 
 def _rows(methods, b, runs, seconds, limits, examples, tokenizer) -> list[BenchRow]:

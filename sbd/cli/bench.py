@@ -24,8 +24,12 @@ def add_bench_parser(sub):
                     "methods take turns batch by batch for --repeats timed passes; medians are reported. For our "
                     "loops the eq.-16 limit (the summed time of their forwards, each timed alone) is given with the "
                     "share of it reached. Writes bench.json, bench.md and bench.png to --out.")
-    add_model_options(p, "a random-weight Llama with these shapes, fed --n random prompts of --prompt-tokens tokens "
-                         "(timing only: use --methods hf,ntp,sbd-fixed)")
+    add_model_options(p, narrow_choices=("auto", "on", "off", "both"), narrow_help=(
+        "linear layers of few-token forwards as W·xᵀ (on), as torch's F.linear (off), or a row of each for every "
+        "method that makes such forwards (both: the A/B in one process; HF greedy and our NTP loop run as loaded); "
+        "auto: as sbd.load sets it (on for float32 on CPU)"),
+        shape_help="a random-weight Llama with these shapes, fed --n random prompts of --prompt-tokens tokens "
+                   "(timing only: use --methods hf,ntp,sbd-fixed)")
     p.add_argument("--task", type=_argtype(parse_tasks), default=None, metavar="NAME[,NAME]",
                    help=f"held-out task problems as prompts, scored for accuracy (default: {DEFAULT_TASKS} "
                         "unless --prompts is given)")
@@ -88,8 +92,9 @@ def cmd_bench(args) -> dict:
         raise SBDError("give --task or --prompts, not both")
     if args.shape and (args.task or args.prompts or args.assistant or args.chat):
         raise SBDError("--shape feeds random prompts to a random model: no --task, --prompts, --assistant or --chat")
+    narrow = {"auto": [None], "on": [True], "off": [False], "both": [False, True]}[args.narrow_linear]
     methods = parse_methods(args.methods, args.gamma, args.block_size, args.assistant is not None, args.compile,
-                            args.fixed)
+                            args.fixed, narrow)
     if args.threads:
         torch.set_num_threads(args.threads)
     if not args.shape:

@@ -45,6 +45,7 @@ def cmd_forward_cost(args) -> dict:
     from ..benchmarking.report import write_forward_cost
     from ..benchmarking.roofline import ModelShape
     from ..benchmarking.roofline_presets import HARDWARE
+    from ..models.narrow_linear import uses_narrow_linear
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -65,7 +66,8 @@ def cmd_forward_cost(args) -> dict:
     command = shlex.join(["sbd", *sys.argv[1:]]) if sys.argv[1:2] == ["forward-cost"] else None
     meta = {"model": name, "parameters": sum(p.numel() for p in model.parameters()),
             "dtype": str(model.dtype).replace("torch.", ""), "device": _device_name(model), "torch": torch.__version__,
-            "threads": torch.get_num_threads(), "repeats": args.repeats, "command": command}
+            "threads": torch.get_num_threads(), "repeats": args.repeats, "command": command,
+            "narrow_linear": uses_narrow_linear(model)}
     paths, text = write_forward_cost(rows, args.out, meta, predicted)
     print(text)
     for kind, path in paths.items():

@@ -6,7 +6,11 @@ from __future__ import annotations
 DTYPES = ("float32", "bfloat16", "float16")
 
 
-def add_model_options(p, shape_help: str) -> None:
+NARROW_HELP = ("linear layers of few-token forwards as W·xᵀ (on) or as torch's F.linear (off); auto: on for float32 "
+               "on CPU, as sbd.load does (see sbd.models.narrow_linear)")
+
+
+def add_model_options(p, shape_help: str, narrow_choices=("auto", "on", "off"), narrow_help: str = NARROW_HELP) -> None:
     from ..benchmarking.presets import SHAPES
 
     what = p.add_mutually_exclusive_group(required=True)
@@ -15,6 +19,7 @@ def add_model_options(p, shape_help: str) -> None:
     p.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default: cpu)")
     p.add_argument("--dtype", choices=DTYPES, default=None,
                    help="weights and compute dtype (default: float32 on CPU, the checkpoint's or bfloat16 elsewhere)")
+    p.add_argument("--narrow-linear", choices=narrow_choices, default="auto", help=narrow_help)
 
 
 def model_from_args(args):
@@ -29,7 +34,16 @@ def model_from_args(args):
         check_device(args.device)
         if dtype is None:
             dtype = torch.float32 if args.device == "cpu" else torch.bfloat16
-        return random_model_like(args.shape, dtype=dtype, device=args.device), None
+        from ..models.narrow_linear import use_narrow_linear, worth_it
+
+        model = random_model_like(args.shape, dtype=dtype, device=args.device)
+        use_narrow_linear(model, _narrow(args) if _narrow(args) is not None else worth_it(args.device, dtype))
+        return model, None
     from ..models.loading import load
 
-    return load(args.model, device=args.device, dtype=dtype)
+    return load(args.model, device=args.device, dtype=dtype, narrow_linear=_narrow(args))
+
+
+def _narrow(args) -> bool | None:
+    """--narrow-linear as sbd.load takes it (None: its default); `both` loads with the default."""
+    return {"on": True, "off": False}.get(getattr(args, "narrow_linear", "auto"))

@@ -18,6 +18,9 @@ from typing import Callable
 import torch
 from transformers import DynamicCache
 
+from ..adapter import gated
+from ..models.narrow_linear import uses_narrow_linear
+
 WIDTHS = (1, 2, 3, 4, 6, 9, 17, 33)  # the widths timed; a verify step with draft d is 2d + 2 wide
 _MEASURED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
@@ -26,8 +29,10 @@ def _timed(model, ids, cache, past: int, device) -> float:
     pos = torch.arange(past, past + ids.shape[1], device=device)[None].expand(ids.shape[0], -1)
     if device.type == "cuda":
         torch.cuda.synchronize()
+    w = ids.shape[1]
     t = time.perf_counter()
-    model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=ids.shape[1])
+    with gated(model, w // 2 if w > 1 else None):  # a verify forward: head and draft, then the gated masks
+        model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=w)
     if device.type == "cuda":
         torch.cuda.synchronize()
     cache.crop(-ids.shape[1])  # back to the prompt (transformers 5: a negative count to drop)
@@ -36,7 +41,7 @@ def _timed(model, ids, cache, past: int, device) -> float:
 
 def relative_costs(model, batch: int = 1, context: int = 64, repeats: int = 3) -> dict[int, float]:
     """{width: median time of a width-token forward / that of a 1-token forward} for `WIDTHS`."""
-    key = (batch, str(model.get_input_embeddings().weight.device))
+    key = (batch, str(model.get_input_embeddings().weight.device), uses_narrow_linear(model))
     known = _MEASURED.setdefault(model, {})
     if key in known:
         return known[key]

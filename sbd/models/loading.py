@@ -94,7 +94,7 @@ def packaged_model(name: str) -> tuple[Path, Path]:
 
 
 def load(path, *, adapter=None, device: str | None = None, dtype: torch.dtype | None = None,
-         trust_remote_code: bool = False, probe: bool = True):
+         trust_remote_code: bool = False, probe: bool = True, narrow_linear: bool | None = None):
     """(model, tokenizer) from a local model directory, with SDPA attention, in eval mode.
 
     "demo" and "demo-ntp" name the models shipped with the package (SBD-trained and NTP-trained);
@@ -105,11 +105,14 @@ def load(path, *, adapter=None, device: str | None = None, dtype: torch.dtype | 
 
     dtype defaults to float32 on CPU (faster than bf16 there) and to the checkpoint's dtype elsewhere.
     The model must pass the conformance probe (`sbd.probe.probe_model`) unless `probe=False`.
+    narrow_linear: compute the linear layers of few-token forwards as W·xᵀ (`sbd.models.narrow_linear`;
+    default: on for float32 on CPU, where SBD's narrow forwards otherwise cost up to 2x a 1-token one).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     from .. import adapter as adapters
+    from . import narrow_linear as narrow
 
     device = check_device(device or "cpu")
     if str(path) in DEMO_NAMES and not Path(path).exists():
@@ -152,6 +155,9 @@ def load(path, *, adapter=None, device: str | None = None, dtype: torch.dtype | 
     if adapter is not None:
         adapters.load(model, adapter)
     model.to(device).eval()
+    if narrow_linear is None:
+        narrow_linear = narrow.worth_it(device, model.dtype)
+    narrow.use_narrow_linear(model, bool(narrow_linear))
     if probe:
         probe_model(model)
     return model, tokenizer

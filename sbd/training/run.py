@@ -33,7 +33,9 @@ class TrainConfig:
     `resume_keys` lists what a resumed run must share with the run it continues.
     """
 
-    model: str = field(metadata=_opt("local model folder (safetensors) to start from", required=True))
+    model: str = field(metadata=_opt(
+        "local model folder (safetensors) to start from; with --adapter lora also a drafting adapter's folder (or "
+        "a packaged model such as smollm2), whose adapter training then continues", required=True))
     data: str = field(metadata=_opt("FILE.jsonl with {prompt, completion} or {text} records, or "
                                     "reasoning-gym:NAME?size=N&seed=S", required=True))
     out: str = field(metadata=_opt("output folder: checkpoints, metrics.jsonl and the final model", required=True))
@@ -280,13 +282,25 @@ def _run(config: TrainConfig) -> Path:
             if config.attention == "flex":
                 raise SBDError(f"this model cannot use flex_attention: {str(e).splitlines()[0]}") from None
     mask_id = add_mask_token(model, tokenizer)
-    if config.adapter is not None:
-        from .. import adapter as adapters
+    from .. import adapter as adapters
 
+    start = adapters.adapter_of(model)  # --model was an adapter folder (or a packaged model with its adapter)
+    if start is not None and config.adapter is None:
+        raise SBDError(f"--model {config.model!r} is a drafting adapter: continue training it with --adapter lora, "
+                       "or give its base model to fine-tune all weights")
+    if config.adapter is not None:
         model.requires_grad_(False)  # the model stays exactly itself; only the adapter learns
-        adapters.attach(model, adapters.AdapterConfig(
-            r=config.rank, lora_alpha=float(config.alpha), block_size=config.block_size or config.block_size_max,
-            base_model_name_or_path=str(Path(config.model).resolve())))
+        if start is None:
+            adapters.attach(model, adapters.AdapterConfig(
+                r=config.rank, lora_alpha=float(config.alpha), block_size=config.block_size or config.block_size_max,
+                base_model_name_or_path=str(Path(config.model).resolve())))
+        else:  # warm start: training goes on from the adapter's weights (new data, more steps)
+            if (start.config.r, float(start.config.lora_alpha)) != (config.rank, float(config.alpha)):
+                raise SBDError(f"--model's adapter has rank {start.config.r} and alpha {start.config.lora_alpha:g}; "
+                               f"give --rank {start.config.r} --alpha {start.config.lora_alpha:g} to continue it")
+            start.config.block_size = config.block_size or config.block_size_max
+            start.requires_grad_(True)
+            print(f"continuing the drafting adapter of {config.model} (its weights are the starting point)")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     dataset = tokenize_records(records, tokenizer, config.max_len, mask_id)

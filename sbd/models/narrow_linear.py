@@ -1,0 +1,69 @@
+"""Narrow forwards on CPU: the linear layers of a few-token forward computed as W·xᵀ instead of x·Wᵀ.
+
+Why: SBD's forwards are narrow (a verify step with a draft of d tokens is 2d + 2 tokens wide). On a CPU
+a 1-token forward is a matrix-vector product that streams the weights once; x·Wᵀ for a handful of rows
+(what `torch.nn.functional.linear` computes) takes MKL's general path and costs 1.5–2.5x as much, so a
+draft has to be accepted often just to break even. The same product with the weight as the left
+operand, W·xᵀ, stays near the cost of the 1-token product up to about 8 columns, and at multiples of 8
+beyond (measured on the 2-core AVX2 machine of docs/performance.md; `benchmarks/narrow_linear.py`).
+So a forward of 2..64 positions (rows × width) runs as W·xᵀ with its columns padded to a multiple
+of 8; 1-token forwards (plain greedy decoding) and long ones (prefill), and anything that needs
+gradients, are left to `torch.nn.functional.linear`.
+
+The result equals `F.linear` up to float rounding (another summation order), the same kind of
+difference as between a 1-token and a wide forward through `F.linear` itself.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+NARROWEST, WIDEST = 2, 64  # positions per forward (rows × width) taken by the narrow path
+PAD = 8  # MKL's narrow kernels are cheapest at multiples of 8 columns
+
+
+def narrow_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` computed as weight · xᵀ, for few positions."""
+    flat = x.reshape(-1, x.shape[-1])
+    m = flat.shape[0]
+    cols = -(-m // PAD) * PAD if m > PAD else m
+    if cols != m:
+        flat = torch.cat([flat, flat.new_zeros(cols - m, flat.shape[1])])
+    if bias is None:
+        out = weight @ flat.t()
+    else:
+        out = torch.addmm(bias[:, None], weight, flat.t())
+    # the product is column-major; later kernels (attention above all) want rows contiguous
+    return out.t()[:m].contiguous().reshape(*x.shape[:-1], weight.shape[0])
+
+
+class NarrowLinear(nn.Linear):
+    """An `nn.Linear` (same parameters, state dict and hooks) that takes the narrow path when it pays."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        m = x.numel() // x.shape[-1] if x.shape[-1] else 0
+        if NARROWEST <= m <= WIDEST and x.device.type == "cpu" and not torch.is_grad_enabled():
+            return narrow_linear(x, self.weight, self.bias)
+        return super().forward(x)
+
+
+def use_narrow_linear(model: nn.Module, on: bool = True) -> int:
+    """Switch every plain `nn.Linear` of `model` to the narrow path (`on=False`: back). In place; the
+    modules keep their parameters and hooks. Returns how many layers were switched."""
+    source, target = (nn.Linear, NarrowLinear) if on else (NarrowLinear, nn.Linear)
+    n = 0
+    for module in model.modules():
+        if type(module) is source:
+            module.__class__ = target
+            n += 1
+    return n
+
+
+def uses_narrow_linear(model: nn.Module) -> bool:
+    return any(type(m) is NarrowLinear for m in model.modules())
+
+
+def worth_it(device, dtype) -> bool:
+    """On by default for float32 models on CPU (where it was measured); elsewhere the default kernels."""
+    return torch.device(device).type == "cpu" and dtype == torch.float32

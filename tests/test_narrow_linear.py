@@ -1,0 +1,158 @@
+"""Narrow linear layers (sbd/models/narrow_linear.py): W·xᵀ for few-token forwards on CPU.
+
+- the product equals torch's F.linear (float rounding only) at every width it takes, padded or not,
+  with and without bias, and is not used where gradients are needed or forwards are wide;
+- switching is reversible and keeps parameters, state dict and hooks;
+- decoding through narrow layers keeps every exactness promise: sbd-verify (block and adaptive drafts)
+  with a drafting adapter gives the original model's Hugging Face greedy tokens on four architectures,
+  alone and batched, and plain SBD decodes as with F.linear;
+- sbd.load turns it on for float32 on CPU, and off on request.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import random_prompts
+from torch import nn
+
+import sbd
+from sbd import adapter as adapters
+from sbd.models import narrow_linear as narrow
+from sbd.models.narrow_linear import NarrowLinear, use_narrow_linear, uses_narrow_linear
+
+
+def _linear(n_in=48, n_out=40, bias=True, seed=0):
+    torch.manual_seed(seed)
+    return nn.Linear(n_in, n_out, bias=bias)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_narrow_product_equals_f_linear_at_every_width(bias):
+    lin = _linear(bias=bias)
+    ref_weight, ref_bias = lin.weight.detach().clone(), None if lin.bias is None else lin.bias.detach().clone()
+    use_narrow_linear(lin)
+    assert type(lin) is NarrowLinear
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for rows, width in [(1, 1), (1, 2), (1, 5), (1, 8), (1, 9), (1, 17), (2, 4), (3, 7), (4, 16), (1, 64),
+                            (1, 65), (5, 20)]:
+            x = torch.randn(rows, width, 48, generator=g)
+            out = lin(x)
+            ref = torch.nn.functional.linear(x, ref_weight, ref_bias)
+            assert out.shape == ref.shape
+            assert out.is_contiguous()
+            assert torch.allclose(out, ref, rtol=1e-5, atol=1e-5), (rows, width)
+        flat = torch.randn(6, 48, generator=g)  # 2-D input
+        assert torch.allclose(lin(flat), torch.nn.functional.linear(flat, ref_weight, ref_bias), atol=1e-5)
+
+
+def test_narrow_path_only_where_it_is_meant(monkeypatch):
+    lin = _linear()
+    use_narrow_linear(lin)
+    calls = []
+    monkeypatch.setattr(narrow, "narrow_linear", lambda *a: calls.append(a[0].shape) or torch.nn.functional.linear(*a))
+    with torch.no_grad():
+        lin(torch.randn(1, 1, 48))  # one token: the matrix-vector product as it was
+        lin(torch.randn(1, narrow.WIDEST + 1, 48))  # prefill-wide
+    assert calls == []
+    with torch.no_grad():
+        lin(torch.randn(2, 3, 48))
+    assert calls == [torch.Size([2, 3, 48])]
+    x = torch.randn(1, 4, 48, requires_grad=True)  # training: torch's own path, gradients flow
+    lin(x).sum().backward()
+    assert calls == [torch.Size([2, 3, 48])] and x.grad is not None and lin.weight.grad is not None
+
+
+def test_switching_keeps_parameters_state_and_hooks(llama):
+    state = {k: v.clone() for k, v in llama.state_dict().items()}
+    seen = []
+    handle = llama.lm_head.register_forward_hook(lambda m, a, o: seen.append(o.shape))
+    try:
+        n = use_narrow_linear(llama)
+        assert n == sum(1 for m in llama.modules() if type(m) is NarrowLinear) > 0
+        assert uses_narrow_linear(llama)
+        with torch.no_grad():
+            llama(input_ids=torch.tensor([[5, 6, 7]]))
+        assert seen and seen[-1][-2] == 3
+        assert llama.state_dict().keys() == state.keys()
+        assert all(torch.equal(v, state[k]) for k, v in llama.state_dict().items())
+    finally:
+        assert use_narrow_linear(llama, False) == n
+        handle.remove()
+    assert not uses_narrow_linear(llama)
+    assert all(type(m) is not NarrowLinear for m in llama.modules())
+
+
+def _with_adapter(model, seed=0, scale=0.5):
+    ad = adapters.attach(model, adapters.AdapterConfig(r=4, block_size=4))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in ad.lora_B.values():
+            p.copy_(torch.randn(p.shape, generator=g) * scale)
+        ad.mask_embedding.copy_(torch.randn(ad.mask_embedding.shape, generator=g))
+
+
+def _hf_greedy(model, prompt, n):
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                             do_sample=False, max_new_tokens=n)[0, len(prompt):].tolist()
+    eos = model.generation_config.eos_token_id
+    return out[: out.index(eos) + 1] if eos in out else out
+
+
+@pytest.mark.parametrize("draft", ["block", "adaptive"])
+def test_verify_through_narrow_layers_gives_the_original_models_hf_greedy_tokens(model, draft):
+    prompts = random_prompts(5, model.config.vocab_size)
+    ref = [_hf_greedy(model, p, 30) for p in prompts]  # before any switch: torch's own linear layers
+    _with_adapter(model)
+    use_narrow_linear(model)
+    try:
+        alone = [sbd.generate(model, None, [p], method="sbd-verify", block_size=8, draft=draft,
+                              max_new_tokens=30).token_ids[0] for p in prompts]
+        batched = sbd.generate(model, None, prompts, method="sbd-verify", block_size=8, draft=draft,
+                               max_new_tokens=30)
+    finally:
+        use_narrow_linear(model, False)
+        adapters.detach(model)
+    assert alone == ref
+    assert batched.token_ids == ref
+
+
+def test_plain_sbd_decodes_the_same_through_narrow_layers(model):
+    prompts = random_prompts(3, model.config.vocab_size)
+    kw = dict(method="sbd", block_size=4, gamma=0.35, max_new_tokens=24, eos_token_ids=[])
+    _with_adapter(model)
+    try:
+        plain = sbd.generate(model, None, prompts, **kw)
+        use_narrow_linear(model)
+        narrowed = sbd.generate(model, None, prompts, **kw)
+    finally:
+        use_narrow_linear(model, False)
+        adapters.detach(model)
+    assert narrowed.token_ids == plain.token_ids and narrowed.nfe == plain.nfe
+
+
+def test_adapter_decoding_update_equals_the_training_formula(llama):
+    """The decoding hook adds the gated update in place in one fused product; with gradients on it
+    takes the plain formula. Both give the same logits."""
+    _with_adapter(llama)
+    ids = torch.tensor([[5, 9, 11, 3, llama.config.sbd_mask_token_id, llama.config.sbd_mask_token_id]])
+    try:
+        for s in (0, 2, 4):
+            with adapters.gated(llama, s):
+                with torch.no_grad():
+                    fused = llama(input_ids=ids).logits
+                with torch.enable_grad():
+                    plain = llama(input_ids=ids).logits.detach()
+            assert torch.allclose(fused, plain, rtol=1e-5, atol=1e-4), s  # logits of size ~40: rounding only
+    finally:
+        adapters.detach(llama)
+
+
+def test_sbd_load_uses_narrow_layers_on_cpu_float32_unless_asked_not_to():
+    model, _ = sbd.load("demo")
+    assert uses_narrow_linear(model)
+    model, _ = sbd.load("demo", narrow_linear=False)
+    assert not uses_narrow_linear(model)
+    assert not narrow.worth_it("cpu", torch.bfloat16) and not narrow.worth_it("cuda", torch.float32)
