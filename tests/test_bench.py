@@ -140,3 +140,25 @@ def test_bench_random_prompts_without_tokenizer():
     rows = {r.method: r for r in res.rows}
     assert rows["SBD fixed 2/forward, block 8"].nfe == 2 * 8 and rows["SBD fixed 4/forward, block 8"].nfe == 2 * 4
     assert rows["sbd NTP loop"].same_as_greedy == 2 and rows["SBD fixed 4/forward, block 8"].accuracy is None
+
+
+def test_narrow_linear_both_gives_an_ab_row_pair_and_leaves_the_model_as_it_was():
+    """`--narrow-linear both`: each method with wide forwards twice (F.linear, narrow), HF greedy and our
+    NTP loop once; both rows give the same tokens; the model's layers are restored after every call."""
+    from conftest import _model, random_prompts
+
+    from sbd.models.narrow_linear import uses_narrow_linear
+
+    model = _model("llama")
+    methods = parse_methods("hf,prompt-lookup,sbd-verify", [], 4, assistant=False, narrow=[False, True])
+    names = [m.name for m in methods]
+    assert names.count("HF greedy generate") == 1 and names.count("sbd NTP loop") == 1
+    assert "SBD-verify, block 4, F.linear" in names and "SBD-verify, block 4, narrow linear" in names
+    assert "HF prompt-lookup (10), narrow linear" in names and len(names) == len(set(names)) == 6
+    res = bench(model, None, random_prompts(2, model.config.vocab_size, lengths=(6, 9)), methods, repeats=1,
+                max_new_tokens=16, limit_repeats=1, progress=False)
+    rows = {r.method: r for r in res.rows}
+    assert all(r.same_as_greedy == 2 for r in rows.values())
+    assert rows["SBD-verify, block 4, F.linear"].nfe == rows["SBD-verify, block 4, narrow linear"].nfe
+    assert rows["SBD-verify, block 4, narrow linear"].limit_seconds is not None
+    assert not uses_narrow_linear(model) and res.meta["narrow_linear_as_loaded"] is False

@@ -31,7 +31,7 @@ def _linear(n_in=48, n_out=40, bias=True, seed=0):
 def test_narrow_product_equals_f_linear_at_every_width(bias):
     lin = _linear(bias=bias)
     ref_weight, ref_bias = lin.weight.detach().clone(), None if lin.bias is None else lin.bias.detach().clone()
-    use_narrow_linear(lin)
+    use_narrow_linear(lin, widest=narrow.WIDEST)
     assert type(lin) is NarrowLinear
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
@@ -49,7 +49,7 @@ def test_narrow_product_equals_f_linear_at_every_width(bias):
 
 def test_narrow_path_only_where_it_is_meant(monkeypatch):
     lin = _linear()
-    use_narrow_linear(lin)
+    use_narrow_linear(lin, widest=narrow.WIDEST)
     calls = []
     monkeypatch.setattr(narrow, "narrow_linear", lambda *a: calls.append(a[0].shape) or torch.nn.functional.linear(*a))
     with torch.no_grad():
@@ -84,6 +84,17 @@ def test_switching_keeps_parameters_state_and_hooks(llama):
     assert all(type(m) is not NarrowLinear for m in llama.modules())
 
 
+def test_wide_narrow_forwards_only_for_weights_that_leave_the_cache():
+    small = _linear()
+    use_narrow_linear(small)
+    assert small.narrow_widest == narrow.ALWAYS  # cached weights: x·Wᵀ is faster beyond a few columns
+    big = nn.Sequential(nn.Linear(4096, narrow.CACHED_BYTES // (4 * 4096) + 1, bias=False))
+    use_narrow_linear(big)
+    assert big[0].narrow_widest == narrow.WIDEST
+    use_narrow_linear(big, False)
+    assert type(big[0]) is nn.Linear and "narrow_widest" not in big[0].__dict__
+
+
 def _with_adapter(model, seed=0, scale=0.5):
     ad = adapters.attach(model, adapters.AdapterConfig(r=4, block_size=4))
     g = torch.Generator().manual_seed(seed)
@@ -106,7 +117,7 @@ def test_verify_through_narrow_layers_gives_the_original_models_hf_greedy_tokens
     prompts = random_prompts(5, model.config.vocab_size)
     ref = [_hf_greedy(model, p, 30) for p in prompts]  # before any switch: torch's own linear layers
     _with_adapter(model)
-    use_narrow_linear(model)
+    use_narrow_linear(model, widest=narrow.WIDEST)  # every forward of these tiny runs takes the narrow path
     try:
         alone = [sbd.generate(model, None, [p], method="sbd-verify", block_size=8, draft=draft,
                               max_new_tokens=30).token_ids[0] for p in prompts]
@@ -125,7 +136,7 @@ def test_plain_sbd_decodes_the_same_through_narrow_layers(model):
     _with_adapter(model)
     try:
         plain = sbd.generate(model, None, prompts, **kw)
-        use_narrow_linear(model)
+        use_narrow_linear(model, widest=narrow.WIDEST)
         narrowed = sbd.generate(model, None, prompts, **kw)
     finally:
         use_narrow_linear(model, False)

@@ -330,16 +330,24 @@ def bench(model, tokenizer, prompts: Sequence, methods: Sequence[Method], *, bat
 def _limits(model, runs: dict, repeats: int) -> dict:
     """Per method: the summed standalone time of the forwards it made (None for Hugging Face rows)."""
     runs = {m: run for m, run in runs.items() if not m.compiled and m.ours}  # forwards are timed eagerly
-    limits = {}
+    ntp = next((m for m in runs if m.kind == "ntp"), None)
+    limits, ntp_limit = {}, None
     for narrow in dict.fromkeys(m.narrow for m in runs):  # each linear-layer setting times its own forwards
         group = {m: run for m, run in runs.items() if m.narrow == narrow}
+        if ntp is not None:
+            group[ntp] = runs[ntp]  # timed in every group: its limit is the group's yardstick
         shapes = {_bucket(s) for run in group.values() for s in run.forwards}
         if not shapes:
             continue
         with _linear_layers(model, narrow):
             cost = time_forwards(model, sorted(shapes, key=lambda s: (s.batch, s.cached, s.width, s.n_commit)),
                                  repeats=repeats)
-        limits.update({m: sum(cost[_bucket(s)] for s in run.forwards) for m, run in group.items()})
+        times = {m: sum(cost[_bucket(s)] for s in run.forwards) for m, run in group.items()}
+        # groups are timed minutes apart on a machine whose speed drifts: scale each to the first group's NTP
+        scale = ntp_limit / times[ntp] if ntp is not None and ntp_limit is not None and times[ntp] > 0 else 1.0
+        if ntp is not None and ntp_limit is None:
+            ntp_limit = times[ntp]
+        limits.update({m: t * scale for m, t in times.items() if m not in limits})
     return limits
 
 

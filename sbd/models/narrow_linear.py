@@ -6,9 +6,12 @@ a 1-token forward is a matrix-vector product that streams the weights once; x·W
 draft has to be accepted often just to break even. The same product with the weight as the left
 operand, W·xᵀ, stays near the cost of the 1-token product up to about 8 columns, and at multiples of 8
 beyond (measured on the 2-core AVX2 machine of docs/performance.md; `benchmarks/narrow_linear.py`).
-So a forward of 2..64 positions (rows × width) runs as W·xᵀ with its columns padded to a multiple
-of 8; 1-token forwards (plain greedy decoding) and long ones (prefill), and anything that needs
-gradients, are left to `torch.nn.functional.linear`.
+Beyond 4 columns it pays only when the weights stream from memory: on a model whose linear layers fit
+in the cache (the 4.7M demo model: 18 MB) x·Wᵀ is the faster form there. So a forward of 2..4 positions
+(rows × width) always runs as W·xᵀ, and one of up to 64 positions too when the linear layers
+outweigh the cache (`CACHED_BYTES`), with its columns padded to a multiple of 8; 1-token forwards
+(plain greedy decoding), long ones (prefill) and anything that needs gradients are left to
+`torch.nn.functional.linear`.
 
 The result equals `F.linear` up to float rounding (another summation order), the same kind of
 difference as between a 1-token and a wide forward through `F.linear` itself.
@@ -19,7 +22,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-NARROWEST, WIDEST = 2, 64  # positions per forward (rows × width) taken by the narrow path
+NARROWEST, WIDEST = 2, 64  # positions per forward (rows × width) the narrow path may take
+ALWAYS = 4  # up to this many it pays on every model measured; beyond, only on weights that leave the cache
+CACHED_BYTES = 64 * 2**20  # linear weights above this stream from memory (above any L3 cache of this class)
 PAD = 8  # MKL's narrow kernels are cheapest at multiples of 8 columns
 
 
@@ -41,23 +46,32 @@ def narrow_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 class NarrowLinear(nn.Linear):
     """An `nn.Linear` (same parameters, state dict and hooks) that takes the narrow path when it pays."""
 
+    narrow_widest = WIDEST  # set per model by `use_narrow_linear`
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         m = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if NARROWEST <= m <= WIDEST and x.device.type == "cpu" and not torch.is_grad_enabled():
+        if NARROWEST <= m <= self.narrow_widest and x.device.type == "cpu" and not torch.is_grad_enabled():
             return narrow_linear(x, self.weight, self.bias)
         return super().forward(x)
 
 
-def use_narrow_linear(model: nn.Module, on: bool = True) -> int:
+def use_narrow_linear(model: nn.Module, on: bool = True, widest: int | None = None) -> int:
     """Switch every plain `nn.Linear` of `model` to the narrow path (`on=False`: back). In place; the
-    modules keep their parameters and hooks. Returns how many layers were switched."""
+    modules keep their parameters and hooks. widest: the most positions a forward may have to take the
+    narrow path (default: `WIDEST` when the linear weights outweigh the cache, else `ALWAYS`).
+    Returns how many layers were switched."""
     source, target = (nn.Linear, NarrowLinear) if on else (NarrowLinear, nn.Linear)
-    n = 0
-    for module in model.modules():
-        if type(module) is source:
-            module.__class__ = target
-            n += 1
-    return n
+    layers = [m for m in model.modules() if type(m) is source]
+    if on and widest is None:
+        size = sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, nn.Linear))
+        widest = WIDEST if size > CACHED_BYTES else ALWAYS
+    for module in layers:
+        module.__class__ = target
+        if on:
+            module.narrow_widest = widest
+        else:
+            module.__dict__.pop("narrow_widest", None)
+    return len(layers)
 
 
 def uses_narrow_linear(model: nn.Module) -> bool:
