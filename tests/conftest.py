@@ -56,3 +56,25 @@ def random_prompts(n: int, vocab: int, lengths=(3, 11, 6, 1, 17), seed: int = 0)
     """Token-id prompts of different lengths that avoid the special tokens (ids 0-2)."""
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(3, vocab, (lengths[i % len(lengths)],), generator=g).tolist() for i in range(n)]
+
+
+def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """Hugging Face greedy `generate` for one prompt: the new tokens, up to and including EOS."""
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                             do_sample=False, max_new_tokens=n)[0, len(prompt):].tolist()
+    eos = model.generation_config.eos_token_id
+    return out[: out.index(eos) + 1] if eos in out else out
+
+
+def attach_random_adapter(model, seed=0, scale=0.5, r=4):
+    """Attach a drafting adapter whose updates are large and random (a fresh one would be the identity)."""
+    from sbd import adapter as adapters
+
+    ad = adapters.attach(model, adapters.AdapterConfig(r=r, block_size=4))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in ad.lora_B.values():
+            p.copy_(torch.randn(p.shape, generator=g) * scale)
+        ad.mask_embedding.copy_(torch.randn(ad.mask_embedding.shape, generator=g))
+    return ad

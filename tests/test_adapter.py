@@ -14,7 +14,7 @@ import json
 
 import pytest
 import torch
-from conftest import random_prompts
+from conftest import attach_random_adapter, hf_greedy, random_prompts
 from safetensors.torch import load_file
 from transformers import DynamicCache
 
@@ -27,36 +27,17 @@ from sbd.training.adapter_forward import adapter_logits, kl_sum, plain_adapter_l
 from sbd.training.collator import IGNORE, SBDDataCollator
 
 
-def _with_adapter(model, seed=0, scale=0.5, r=4):
-    """Attach an adapter whose updates are large and random (a fresh one would be the identity)."""
-    ad = adapters.attach(model, adapters.AdapterConfig(r=r, block_size=4))
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in ad.lora_B.values():
-            p.copy_(torch.randn(p.shape, generator=g) * scale)
-        ad.mask_embedding.copy_(torch.randn(ad.mask_embedding.shape, generator=g))
-    return ad
-
-
 @pytest.fixture
 def adapted(model):
-    _with_adapter(model)
+    attach_random_adapter(model)
     yield model
     adapters.detach(model)
-
-
-def _hf_greedy(model, prompt, n):
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                             do_sample=False, max_new_tokens=n)[0, len(prompt):].tolist()
-    eos = model.generation_config.eos_token_id
-    return out[: out.index(eos) + 1] if eos in out else out
 
 
 @pytest.mark.parametrize("block_size", [4, 8])
 def test_verify_with_adapter_gives_the_original_models_hf_greedy_tokens(adapted, block_size):
     prompts = random_prompts(5, adapted.config.vocab_size)
-    ref = [_hf_greedy(adapted, p, 30) for p in prompts]  # the adapter is off outside sbd's forwards
+    ref = [hf_greedy(adapted, p, 30) for p in prompts]  # the adapter is off outside sbd's forwards
     alone = [sbd.generate(adapted, None, [p], method="sbd-verify", block_size=block_size,
                           max_new_tokens=30).token_ids[0] for p in prompts]
     batched = sbd.generate(adapted, None, prompts, method="sbd-verify", block_size=block_size, max_new_tokens=30)
@@ -68,7 +49,7 @@ def test_the_adapter_acts_on_block_positions(model):
     prompts = random_prompts(3, model.config.vocab_size)
     plain = sbd.generate(model, None, prompts, method="sbd", block_size=4, gamma=0.35, max_new_tokens=24,
                          eos_token_ids=[])
-    _with_adapter(model)
+    attach_random_adapter(model)
     try:
         drafted = sbd.generate(model, None, prompts, method="sbd", block_size=4, gamma=0.35, max_new_tokens=24,
                                eos_token_ids=[])
@@ -78,7 +59,7 @@ def test_the_adapter_acts_on_block_positions(model):
 
 
 def test_committed_cache_is_the_original_models_prefill(llama):
-    _with_adapter(llama)
+    attach_random_adapter(llama)
     seen = []
     try:
         prompt = random_prompts(1, llama.config.vocab_size, lengths=(6,))
@@ -120,7 +101,7 @@ def test_two_pass_training_forward_equals_the_doubled_forward(arch, tokenizer):
     model = tiny.random_model(cfg, seed=3)  # logits of ordinary scale: gradients of ordinary size
     model.config.sbd_mask_token_id = tokenizer.mask_token_id
     model.requires_grad_(False)
-    ad = _with_adapter(model, scale=0.1)
+    ad = attach_random_adapter(model, scale=0.1)
     batch, labels, n, source = _doubled_batch(tokenizer)
     targets = labels[labels != IGNORE]
     model.train()
@@ -146,7 +127,7 @@ def test_two_pass_training_forward_equals_the_doubled_forward(arch, tokenizer):
 
 
 def test_save_load_round_trip_in_peft_layout(llama, tmp_path):
-    _with_adapter(llama)
+    attach_random_adapter(llama)
     prompts = random_prompts(3, llama.config.vocab_size)
     try:
         before = sbd.generate(llama, None, prompts, method="sbd", block_size=4, max_new_tokens=20, eos_token_ids=[])
@@ -169,7 +150,7 @@ def test_save_load_round_trip_in_peft_layout(llama, tmp_path):
 
 def test_sbd_load_attaches_and_an_adapter_folder_names_its_base(tmp_path):
     model, tok = tiny.create(tmp_path / "base", vocab_size=300, hidden=32, layers=2, heads=4, kv_heads=2, context=128)
-    _with_adapter(model)
+    attach_random_adapter(model)
     adapters.save(model, tmp_path / "ad")
     cfg = json.loads((tmp_path / "ad" / "adapter_config.json").read_text())
     cfg["base_model_name_or_path"] = str(tmp_path / "base")
@@ -182,7 +163,7 @@ def test_sbd_load_attaches_and_an_adapter_folder_names_its_base(tmp_path):
 
 
 def test_refusals(llama, tmp_path):
-    _with_adapter(llama)
+    attach_random_adapter(llama)
     try:
         adapters.save(llama, tmp_path / "ok")
         with pytest.raises(SBDError, match="cannot be merged"):
@@ -210,17 +191,17 @@ def test_probe_refuses_an_adapter_that_leaks_into_causal_positions(llama, monkey
         return hook
 
     monkeypatch.setattr(adapters, "_linear_hook", leaky)
-    _with_adapter(llama)
+    attach_random_adapter(llama)
     try:
         with pytest.raises(SBDError, match="changes the logits of causal positions"):
             probe_model(llama)
     finally:
         adapters.detach(llama)
-    _with_adapter(llama)  # the real hooks pass
+    attach_random_adapter(llama)  # the real hooks pass
     try:
         monkeypatch.undo()
         adapters.detach(llama)
-        _with_adapter(llama)
+        attach_random_adapter(llama)
         probe_model(llama)
     finally:
         adapters.detach(llama)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import random_prompts
+from conftest import attach_random_adapter, hf_greedy, random_prompts
 from torch import nn
 
 import sbd
@@ -95,28 +95,11 @@ def test_wide_narrow_forwards_only_for_weights_that_leave_the_cache():
     assert type(big[0]) is nn.Linear and "narrow_widest" not in big[0].__dict__
 
 
-def _with_adapter(model, seed=0, scale=0.5):
-    ad = adapters.attach(model, adapters.AdapterConfig(r=4, block_size=4))
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in ad.lora_B.values():
-            p.copy_(torch.randn(p.shape, generator=g) * scale)
-        ad.mask_embedding.copy_(torch.randn(ad.mask_embedding.shape, generator=g))
-
-
-def _hf_greedy(model, prompt, n):
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                             do_sample=False, max_new_tokens=n)[0, len(prompt):].tolist()
-    eos = model.generation_config.eos_token_id
-    return out[: out.index(eos) + 1] if eos in out else out
-
-
 @pytest.mark.parametrize("draft", ["block", "adaptive"])
 def test_verify_through_narrow_layers_gives_the_original_models_hf_greedy_tokens(model, draft):
     prompts = random_prompts(5, model.config.vocab_size)
-    ref = [_hf_greedy(model, p, 30) for p in prompts]  # before any switch: torch's own linear layers
-    _with_adapter(model)
+    ref = [hf_greedy(model, p, 30) for p in prompts]  # before any switch: torch's own linear layers
+    attach_random_adapter(model)
     use_narrow_linear(model, widest=narrow.WIDEST)  # every forward of these tiny runs takes the narrow path
     try:
         alone = [sbd.generate(model, None, [p], method="sbd-verify", block_size=8, draft=draft,
@@ -133,7 +116,7 @@ def test_verify_through_narrow_layers_gives_the_original_models_hf_greedy_tokens
 def test_plain_sbd_decodes_the_same_through_narrow_layers(model):
     prompts = random_prompts(3, model.config.vocab_size)
     kw = dict(method="sbd", block_size=4, gamma=0.35, max_new_tokens=24, eos_token_ids=[])
-    _with_adapter(model)
+    attach_random_adapter(model)
     try:
         plain = sbd.generate(model, None, prompts, **kw)
         use_narrow_linear(model, widest=narrow.WIDEST)
@@ -147,7 +130,7 @@ def test_plain_sbd_decodes_the_same_through_narrow_layers(model):
 def test_adapter_decoding_update_equals_the_training_formula(llama):
     """The decoding hook adds the gated update in place in one fused product; with gradients on it
     takes the plain formula. Both give the same logits."""
-    _with_adapter(llama)
+    attach_random_adapter(llama)
     ids = torch.tensor([[5, 9, 11, 3, llama.config.sbd_mask_token_id, llama.config.sbd_mask_token_id]])
     try:
         for s in (0, 2, 4):

@@ -64,3 +64,29 @@ for set in gsm other; do
     --out "$RESULTS/bench_adapter_$set.tmp" --no-progress
   mv "$RESULTS/bench_adapter_$set.tmp" "$RESULTS/bench_adapter_$set"
 done
+
+# 7. (2026-11-23, later) the adapter continued on all 800 self-distilled answers (the 480 above and 320
+#    more gsm train questions, committed in benchmarks/smollm2/data/), blocks k ~ U{2..8}; this is the
+#    adapter that ships (sbd/adapters/smollm2, bf16)
+[ -f distill800.jsonl ] || gunzip -c "$(dirname "$RESULTS")/data/smollm2_self_distilled.jsonl.gz" > distill800.jsonl
+if [ ! -f adapter800/adapter_model.safetensors ]; then
+  resume=""; ls -d adapter800/checkpoint-* >/dev/null 2>&1 && resume="--resume"
+  sbd train --model adapter --data distill800.jsonl --out adapter800 --adapter lora --rank 16 --alpha 32 \
+    --kl-weight 1 --mask-rate 1.0 --align-to-completion --block-size-max 8 --steps 72 --batch-size 8 --max-len 512 \
+    --lr 5e-4 --warmup-steps 5 --save-steps 24 --save-total-limit 0 --logging-steps 4 --seed 1 --no-progress $resume
+fi
+# learning curve from the first run's adapter (as checkpoint-0) on; and first vs continued on the other set
+mkdir -p adapter800/checkpoint-0 cmp/checkpoint-0 cmp/checkpoint-72
+cp adapter/adapter_config.json adapter/adapter_model.safetensors adapter800/checkpoint-0/
+cp adapter/adapter_config.json adapter/adapter_model.safetensors cmp/checkpoint-0/
+cp adapter800/adapter_config.json adapter800/adapter_model.safetensors cmp/checkpoint-72/ && cp adapter800/sbd_train.json cmp/
+python "$(dirname "$RESULTS")/learning_curve.py" adapter800 heldout_gsm.jsonl --n 6 --block-size 8 \
+  --out "$RESULTS/adapter800_learning_curve.md"
+python "$(dirname "$RESULTS")/learning_curve.py" cmp heldout_other.jsonl --n 6 --block-size 8 --out "$RESULTS/adapter800_other.md"
+
+# 8. wall-clock with the shipped adapter (narrow linear layers on, as sbd.load sets them on CPU), both sets
+head -4 heldout_gsm.jsonl > bench_gsm4.jsonl; sed -n '1p;2p;6p;7p' heldout_other.jsonl > bench_other4.jsonl
+sbd bench --model smollm2 --prompts bench_gsm4.jsonl --chat --methods hf,prompt-lookup,sbd-verify,sbd-verify-adaptive \
+  --block-size 4,8,16 --batch-size 1 --repeats 1 --max-new-tokens 128 $T --out "$RESULTS/bench_gsm_adapter800" --no-progress
+sbd bench --model smollm2 --prompts bench_other4.jsonl --chat --methods hf,prompt-lookup,sbd-verify,sbd-verify-adaptive \
+  --block-size 8 --batch-size 1 --repeats 1 --max-new-tokens 128 $T --out "$RESULTS/bench_other_adapter800" --no-progress

@@ -2,10 +2,10 @@
 
 Why: SBD's forwards are narrow (a verify step with a draft of d tokens is 2d + 2 tokens wide). On a CPU
 a 1-token forward is a matrix-vector product that streams the weights once; x·Wᵀ for a handful of rows
-(what `torch.nn.functional.linear` computes) takes MKL's general path and costs 1.5–2.5x as much, so a
-draft has to be accepted often just to break even. The same product with the weight as the left
-operand, W·xᵀ, stays near the cost of the 1-token product up to about 8 columns, and at multiples of 8
-beyond (measured on the 2-core AVX2 machine of docs/performance.md; `benchmarks/narrow_linear.py`).
+(what `torch.nn.functional.linear` computes) takes MKL's general path and costs 1.7–2.3x as much on
+SmolLM2's shapes, so a draft has to be accepted often just to break even. The same product with the
+weight as the left operand, W·xᵀ, costs 0.9–1.1x the 1-token product up to 4 columns and 1.4–1.8x
+at 6–16 (the 2-core AVX2 machine of docs/performance.md; `benchmarks/narrow_linear.py`).
 Beyond 4 columns it pays only when the weights stream from memory: on a model whose linear layers fit
 in the cache (the 4.7M demo model: 18 MB) x·Wᵀ is the faster form there. So a forward of 2..4 positions
 (rows × width) always runs as W·xᵀ, and one of up to 64 positions too when the linear layers
