@@ -37,7 +37,8 @@ def model_from_args(args):
         from ..models.narrow_linear import use_narrow_linear, worth_it
 
         model = random_model_like(args.shape, dtype=dtype, device=args.device)
-        use_narrow_linear(model, _narrow(args) if _narrow(args) is not None else worth_it(args.device, dtype))
+        narrow = _narrow(args)
+        use_narrow_linear(model, worth_it(args.device, dtype) if narrow is None else narrow)
         return model, None
     from ..models.loading import load
 
