@@ -54,7 +54,7 @@ fi
 
 # 5. the learning curve: held-out tokens per forward of every checkpoint
 [ -f "$RESULTS/adapter_learning_curve.md" ] || python "$(dirname "$RESULTS")/learning_curve.py" adapter \
-  heldout_gsm.jsonl --n 6 --block-size 8 --out "$RESULTS/adapter_learning_curve.md"
+  --prompts heldout_gsm.jsonl --n 6 --block-size 8 --out "$RESULTS/adapter_learning_curve.md"
 
 # 6. wall-clock against the original model's HF greedy and prompt-lookup, batch 1, interleaved
 for set in gsm other; do
@@ -80,9 +80,9 @@ mkdir -p adapter800/checkpoint-0 cmp/checkpoint-0 cmp/checkpoint-72
 cp adapter/adapter_config.json adapter/adapter_model.safetensors adapter800/checkpoint-0/
 cp adapter/adapter_config.json adapter/adapter_model.safetensors cmp/checkpoint-0/
 cp adapter800/adapter_config.json adapter800/adapter_model.safetensors cmp/checkpoint-72/ && cp adapter800/sbd_train.json cmp/
-python "$(dirname "$RESULTS")/learning_curve.py" adapter800 heldout_gsm.jsonl --n 6 --block-size 8 \
+python "$(dirname "$RESULTS")/learning_curve.py" adapter800 --prompts heldout_gsm.jsonl --n 6 --block-size 8 \
   --out "$RESULTS/adapter800_learning_curve.md"
-python "$(dirname "$RESULTS")/learning_curve.py" cmp heldout_other.jsonl --n 6 --block-size 8 --out "$RESULTS/adapter800_other.md"
+python "$(dirname "$RESULTS")/learning_curve.py" cmp --prompts heldout_other.jsonl --n 6 --block-size 8 --out "$RESULTS/adapter800_other.md"
 
 # 8. wall-clock with the shipped adapter (narrow linear layers on, as sbd.load sets them on CPU), both sets
 head -4 heldout_gsm.jsonl > bench_gsm4.jsonl; sed -n '1p;2p;6p;7p' heldout_other.jsonl > bench_other4.jsonl
@@ -90,3 +90,16 @@ sbd bench --model smollm2 --prompts bench_gsm4.jsonl --chat --methods hf,prompt-
   --block-size 4,8,16 --batch-size 1 --repeats 1 --max-new-tokens 128 $T --out "$RESULTS/bench_gsm_adapter800" --no-progress
 sbd bench --model smollm2 --prompts bench_other4.jsonl --chat --methods hf,prompt-lookup,sbd-verify,sbd-verify-adaptive \
   --block-size 8 --batch-size 1 --repeats 1 --max-new-tokens 128 $T --out "$RESULTS/bench_other_adapter800" --no-progress
+
+# 9. (2026-11-23, late) lookup drafts (sbd-verify drafts from prompt lookup when the last 3 or 2 tokens
+#    occurred before, else from the masks): which source drafted the kept tokens, then wall-clock
+python "$(dirname "$RESULTS")/draft_sources.py" --model smollm2 --prompts bench_gsm4.jsonl --n 4 --block-size 4,8 \
+  --out "$RESULTS/draft_sources_gsm.md"
+python "$(dirname "$RESULTS")/draft_sources.py" --model smollm2 --prompts bench_other4.jsonl --n 4 --block-size 4,8 \
+  --out "$RESULTS/draft_sources_other.md"
+sbd bench --model smollm2 --prompts bench_gsm4.jsonl --chat \
+  --methods hf,prompt-lookup,sbd-verify,sbd-verify-lookup,sbd-verify-adaptive-lookup --block-size 4,8 --batch-size 1 \
+  --repeats 1 --max-new-tokens 128 $T --out "$RESULTS/bench_gsm_lookup" --no-progress
+sbd bench --model smollm2 --prompts bench_other4.jsonl --chat \
+  --methods hf,prompt-lookup,sbd-verify,sbd-verify-lookup,sbd-verify-adaptive-lookup --block-size 4 --batch-size 1 \
+  --repeats 1 --max-new-tokens 128 $T --out "$RESULTS/bench_other_lookup" --no-progress
