@@ -8,6 +8,7 @@ import pytest
 
 from sbd import SBDError
 from sbd.benchmarking import Method, Shape, bench, parse_methods, time_forwards
+from sbd.benchmarking.bench import VERIFY
 from sbd.benchmarking.report import bench_markdown, write_bench
 from sbd.cli.main import main
 
@@ -19,7 +20,8 @@ def result(request):
     from conftest import _model, _tokenizer
 
     model, tok = _model("llama"), _tokenizer()
-    methods = parse_methods("hf,prompt-lookup,assisted,sbd,sbd-verify", [0.0, math.inf], 4, assistant=True)
+    methods = parse_methods("hf,prompt-lookup,assisted,sbd,sbd-verify,sbd-verify-lookup", [0.0, math.inf], 4,
+                            assistant=True)
     return bench(model, tok, PROMPTS, methods, batch_sizes=(1, 2), repeats=1, max_new_tokens=12, assistant=model,
                  limit_repeats=1, progress=False)
 
@@ -30,7 +32,7 @@ def rows_of(result, batch):
 
 def test_every_method_has_a_row_and_batch_one_only_methods_skip_batches(result):
     one, two = rows_of(result, 1), rows_of(result, 2)
-    assert len(one) == 7  # hf, prompt-lookup, assisted, our NTP (added), SBD γ=0, SBD γ=inf, SBD-verify
+    assert len(one) == 8  # hf, prompt-lookup, assisted, our NTP (added), SBD γ=0, SBD γ=inf, SBD-verify (+ lookup)
     assert "sbd NTP loop" in one
     assert not any(r.kind in ("prompt-lookup", "assisted") for r in two.values())
 
@@ -51,7 +53,7 @@ def test_counts_and_limits_are_consistent(result):
         assert inf_row.nfe <= len(PROMPTS) * math.ceil(12 / 4)  # γ = ∞: one forward per block of 4
         for r in rows.values():
             assert r.seconds > 0 and r.tokens_per_second > 0 and r.speedup_vs_hf > 0
-            if r.kind in ("ntp", "sbd", "sbd-verify"):
+            if r.kind in ("ntp", "sbd", *VERIFY):
                 assert r.limit_seconds > 0
                 assert r.share_of_limit == pytest.approx(r.measured_vs_ntp / r.predicted_vs_ntp)
             else:

@@ -29,8 +29,9 @@ from ..models.narrow_linear import use_narrow_linear, uses_narrow_linear
 from ..modes import eval_mode
 from .forward_cost import Shape, _sync, time_forwards
 
-KINDS = ("hf", "prompt-lookup", "assisted", "ntp", "sbd", "sbd-verify", "sbd-verify-adaptive", "sbd-fixed")
-VERIFY = ("sbd-verify", "sbd-verify-adaptive")
+KINDS = ("hf", "prompt-lookup", "assisted", "ntp", "sbd", "sbd-verify", "sbd-verify-adaptive", "sbd-verify-lookup",
+         "sbd-verify-adaptive-lookup", "sbd-fixed")
+VERIFY = ("sbd-verify", "sbd-verify-adaptive", "sbd-verify-lookup", "sbd-verify-adaptive-lookup")
 PROMPT_LOOKUP_TOKENS = 10  # Hugging Face's documented example value; the n-gram size is its default
 
 
@@ -58,6 +59,10 @@ class Method:
             return f"SBD-verify, block {self.block_size}"
         if self.kind == "sbd-verify-adaptive":
             return f"SBD-verify adaptive, block ≤ {self.block_size}"
+        if self.kind == "sbd-verify-lookup":
+            return f"SBD-verify + lookup, block {self.block_size}"
+        if self.kind == "sbd-verify-adaptive-lookup":
+            return f"SBD-verify adaptive + lookup, block ≤ {self.block_size}"
         if self.kind == "sbd-fixed":
             return f"SBD fixed {self.fixed}/forward, block {self.block_size}"
         return {"hf": "HF greedy generate", "prompt-lookup": f"HF prompt-lookup ({PROMPT_LOOKUP_TOKENS})",
@@ -233,9 +238,11 @@ def _decode(method: Method, model, tokenizer, batch, max_new, eos, assistant, re
         kw["reveal_per_forward"] = method.fixed
     if method.block_size is not None:
         kw["block_size"] = method.block_size
-    if method.kind == "sbd-verify-adaptive":
+    if method.kind in ("sbd-verify-adaptive", "sbd-verify-adaptive-lookup"):
         kw["draft"] = "adaptive"
-    kind = {"sbd-fixed": "sbd", "sbd-verify-adaptive": "sbd-verify"}.get(method.kind, method.kind)
+    if method.kind.endswith("-lookup"):
+        kw["lookup"] = True
+    kind = "sbd" if method.kind == "sbd-fixed" else "sbd-verify" if method.kind in VERIFY else method.kind
     r = generate(model, tokenizer, batch, method=kind, max_new_tokens=max_new, eos_token_ids=eos,
                  observer=observe if record is not None else None, compile=method.compiled, **kw)
     return r.token_ids, r.nfe

@@ -58,6 +58,10 @@ def _add_generate(sub) -> None:
                         "forward; eb = revealed by the EB rule (--gamma, --proxy) over forwards of its own, greedy "
                         "only; adaptive = each row picks its draft length (<= block size) from its acceptance so far "
                         "and the measured cost of a wider forward (default: block)")
+    p.add_argument("--lookup", action="store_true",
+                   help="sbd-verify, greedy, --draft block or adaptive: draft what followed the last 3 (else 2) "
+                        "tokens where they occurred earlier in the prompt or output (prompt lookup), else the masks' "
+                        "draft; the output is still NTP's")
     p.add_argument("--gamma", type=_gamma, default=0.35,
                    help="EB-sampler bound: 0 reveals one token per forward, inf a whole block (default: 0.35)")
     p.add_argument("--proxy", default="entropy", choices=["entropy", "confidence", "margin"],
@@ -93,13 +97,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _stats(result) -> dict:
-    return {
+    stats = {
         "NFE": sum(result.nfe),
         "tokens": result.num_tokens,
         "tokens/forward": f"{result.tokens_per_forward:.2f}",
         "tokens/s": f"{result.tokens_per_second:.1f}",
         "seconds": f"{result.seconds:.3f}",
     }
+    if result.method == "sbd-verify":
+        kept = sum(a for row in result.accepted for a in row)
+        stats["draft tokens kept"] = kept
+        stats["of them from lookup"] = sum(result.lookup_accepted)
+    return stats
 
 
 def cmd_init(args) -> None:
@@ -150,6 +159,8 @@ def cmd_generate(args) -> None:
     results = {}
     for method in methods:
         mkw = {**kw, "draft": args.draft} if method == "sbd-verify" else kw
+        if args.lookup and (method == "sbd-verify" or not args.compare):  # generate refuses it elsewhere
+            mkw = {**mkw, "lookup": True}
         generate(model, tokenizer, args.prompts, method=method, **{**mkw, "max_new_tokens": 2})  # warm-up
         results[method] = generate(model, tokenizer, args.prompts, method=method, **mkw)
     for i, prompt in enumerate(args.prompts):
@@ -160,7 +171,8 @@ def cmd_generate(args) -> None:
     print()
     stats = {m.upper(): _stats(r) for m, r in results.items()}
     keys = list(next(iter(stats.values())))
-    print_table(["", *stats], [[k, *(s[k] for s in stats.values())] for k in keys])
+    keys += [k for s in stats.values() for k in s if k not in keys]
+    print_table(["", *stats], [[k, *(s.get(k, "–") for s in stats.values())] for k in keys])
     if args.compare:
         ntp = results["ntp"]
         for method in ("sbd", "sbd-verify"):

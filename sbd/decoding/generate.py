@@ -44,6 +44,7 @@ class GenerationResult:
     method: str
     prompt_lengths: list[int] = field(default_factory=list)
     accepted: list[list[int]] = field(default_factory=list)  # sbd-verify: draft tokens kept at each forward
+    lookup_accepted: list[int] = field(default_factory=list)  # sbd-verify, lookup=True: of those, from lookup
 
     @property
     def mean_accepted(self) -> float:
@@ -182,9 +183,15 @@ def check_prompt_ids(model, tokenizer, prompt_ids: list[list[int]]) -> None:
                                "cannot appear in a prompt")
 
 
-def _validate(model, method, block_size, gamma, proxy, max_new_tokens, temperature, stop, draft="block"):
+def _validate(model, method, block_size, gamma, proxy, max_new_tokens, temperature, stop, draft="block",
+              lookup=False):
     if method not in METHODS:
         raise SBDError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    if not isinstance(lookup, bool):
+        raise SBDError(f"lookup is True or False, got {lookup!r}")
+    if lookup and (method != "sbd-verify" or temperature > 0 or draft == "eb"):
+        raise SBDError("lookup=True applies to method='sbd-verify' with greedy decoding (temperature 0) and "
+                       "draft='block' or 'adaptive'")
     if draft not in DRAFTS:
         raise SBDError(f"unknown draft {draft!r}; choose one of {', '.join(DRAFTS)}")
     if draft != "block" and method != "sbd-verify":
@@ -235,6 +242,7 @@ def generate(
     eos_token_ids: Sequence[int] | None = None,
     observer: Callable[[ForwardRecord], None] | None = None,
     draft: str = "block",
+    lookup: bool = False,
     static_shapes: bool = False,
     compile: bool = False,
     chat: bool = False,
@@ -255,6 +263,9 @@ def generate(
     so far and the measured cost of wider forwards on this model (`sbd.decoding.width_cost`, timed
     once per model and batch size): shorter drafts where they are often refused or forwards are
     compute-bound, plain next-token steps (with an occasional probe) where no draft pays.
+    lookup (sbd-verify, greedy, draft "block" or "adaptive"): when the last 3 (else 2) tokens occurred
+    earlier in the prompt or the output, draft what followed them there (prompt lookup) instead of the
+    masks' draft; the tokens are still NTP's. `lookup_accepted` counts the kept draft tokens it proposed.
 
     seed (temperature > 0): an int (row i samples with seed + i) or one int per prompt; each row draws
     from its own stream, so a row samples the same alone as in any batch.
@@ -272,7 +283,7 @@ def generate(
     """
     if block_size is None:
         block_size = default_block_size(model)
-    _validate(model, method, block_size, gamma, proxy, max_new_tokens, temperature, stop, draft)
+    _validate(model, method, block_size, gamma, proxy, max_new_tokens, temperature, stop, draft, lookup)
     if compile and adapter_of(model) is not None:
         raise SBDError("compile=True is not supported with a drafting adapter yet (its gate moves every forward); "
                        "use static_shapes=True or plain eager decoding")
@@ -293,7 +304,7 @@ def generate(
 
     start = time.perf_counter()
     rows = [make_row(method, p, mask_id=mask_id, block_size=block_size, gamma=gamma, proxy=proxy, draft=draft,
-                     fixed=reveal_per_forward, seed=s, cost=cost, **common)
+                     fixed=reveal_per_forward, seed=s, cost=cost, lookup=lookup, **common)
             for p, s in zip(prompt_ids, seeds)]
     k = min(block_size, max_new_tokens)
     widths = () if not (static_shapes or compile) else (1,) if method == "ntp" else (k, 2 * k)
@@ -309,6 +320,7 @@ def generate(
         texts=[r.text() for r in rows], token_ids=[r.out for r in rows], nfe=[r.nfe for r in rows],
         steps=[r.steps for r in rows], seconds=seconds, method=method,
         prompt_lengths=[len(p) for p in prompt_ids], accepted=[r.accepted for r in rows],
+        lookup_accepted=[getattr(r, "lookup_accepted", 0) for r in rows],
     )
 
 

@@ -299,12 +299,16 @@ class VerifyRow(Row):
     pay again. None drafts whole blocks. Either way the tokens are NTP's."""
 
     PROBE_EVERY = 16
+    LOOKUP_NGRAMS = (3, 2)  # prompt lookup: match the last 3 tokens, else the last 2
 
     def __init__(self, prompt, *, block_size: int, mask_id: int, eb_gamma: float | None = None,
-                 proxy: str = "entropy", cost=None, **kw):
+                 proxy: str = "entropy", cost=None, lookup: bool = False, **kw):
         super().__init__(prompt, **kw)
         self.block_size, self.mask_id, self.eb_gamma, self.proxy = block_size, mask_id, eb_gamma, proxy
         self.cost = cost
+        self.lookup = lookup  # greedy: draft from an earlier occurrence of the last tokens when there is one
+        self.from_lookup = False  # the current draft came from prompt lookup
+        self.lookup_accepted = 0  # draft tokens kept that prompt lookup proposed
         self.n_masks = block_size  # masks fed by the next verifying forward
         self.plain_steps = 0  # consecutive next-token steps (adaptive drafting found no draft worth its width)
         self.rejections = 0  # verifying forwards in which a draft token was refused
@@ -328,6 +332,29 @@ class VerifyRow(Row):
             self.q_draft = self.q_draft[:room] if self.q_draft is not None else None
         n = len(self.draft)
         return Feed([self.head] + self.draft + [self.mask_id] * self.n_masks, 1 + n, 1 + n + self.n_masks)
+
+    def _lookup(self) -> list[int]:
+        """Prompt lookup: the tokens (at most block_size - 1) that followed the latest earlier
+        occurrence of the last 3 (else 2) tokens of prompt + output; [] when there is none. A match
+        close to the end is continued as a repeat (a loop of 5 tokens drafts the loop again)."""
+        seq = self.prompt + self.out
+        for g in self.LOOKUP_NGRAMS:
+            if len(seq) <= g:
+                continue
+            tail, first = seq[-g:], seq[-g]
+            for s in range(len(seq) - g - 1, -1, -1):  # latest first; the tail itself is not a match
+                if seq[s] == first and seq[s : s + g] == tail:
+                    draft = seq[s + g : s + g + self.block_size - 1]
+                    while len(draft) < self.block_size - 1:  # the text repeats from s + g on: copy on
+                        draft.append(draft[len(draft) - (len(seq) - s - g)] if len(draft) >= len(seq) - s - g
+                                     else seq[s + g + len(draft)])
+                    return draft
+        return []
+
+    def _next_draft(self, masks_draft: list[int]) -> None:
+        """The next draft: prompt lookup's continuation when lookup is on and finds one, else the masks'."""
+        found = self._lookup() if self.lookup else []
+        self.draft, self.from_lookup = (found, True) if found else (masks_draft, False)
 
     def _mask_values(self, logits: torch.Tensor) -> list[torch.Tensor]:
         """What the EB rule needs from block logits: picked tokens, entropies (and the proxy)."""
@@ -368,6 +395,7 @@ class VerifyRow(Row):
     def answer(self, values: list[float]) -> int:
         if self.in_prefill:
             self.in_prefill = False
+            self._next_draft([])
             return 0
         self.nfe += 1
         if self.refining is not None:
@@ -385,6 +413,7 @@ class VerifyRow(Row):
                 a += 1
             rest = values[n + 1 :]
         self.accepted.append(a)
+        self.lookup_accepted += a if self.from_lookup else 0
         self.proposed += n
         self.rejections += a < n
         if self.cost is not None and self.block_size > 1:  # the geometric acceptance estimate, with a prior
@@ -404,8 +433,9 @@ class VerifyRow(Row):
             return n - a
         self.head = new[-1]
         self.q_draft = None
+        self.from_lookup = False
         if a < n:  # the masks rode on a rejected draft: the next forward drafts afresh
-            self.draft = []
+            self._next_draft([])
         elif self.temperature > 0:
             self.draft, self.q_draft = [int(v) for v in rest], self.q_next
         elif self.eb_gamma is not None and k > 1:
@@ -415,21 +445,22 @@ class VerifyRow(Row):
         elif self.eb_gamma is not None:
             self.draft = []
         else:
-            self.draft = [int(v) for v in rest]
+            self._next_draft([int(v) for v in rest])
         return n - a
 
 
 def make_row(method: str, prompt: list[int], *, mask_id: int | None, block_size: int = 16, gamma: float = 0.35,
              proxy: str = "entropy", draft: str = "block", fixed: int | None = None,
-             cost=None, **common) -> Row:
+             cost=None, lookup: bool = False, **common) -> Row:
     """A row for `method` ("ntp", "sbd", "sbd-verify"); draft "block", "eb" or "adaptive" (with `cost`,
-    width → relative forward time); `common`: max_new, eos, stop, tokenizer, temperature, seed, device. Arguments are
+    width → relative forward time); lookup (sbd-verify, greedy): drafts from prompt lookup when it finds
+    a match; `common`: max_new, eos, stop, tokenizer, temperature, seed, device. Arguments are
     validated by the caller (`generate`, the server)."""
     if method == "ntp":
         return NTPRow(prompt, **common)
     if method == "sbd-verify":
         return VerifyRow(prompt, block_size=block_size, mask_id=int(mask_id), proxy=proxy,
                          eb_gamma=float(gamma) if draft == "eb" else None,
-                         cost=cost if draft == "adaptive" else None, **common)
+                         cost=cost if draft == "adaptive" else None, lookup=lookup, **common)
     return SBDRow(prompt, block_size=block_size, mask_id=int(mask_id), gamma=float(gamma), proxy=proxy,
                   fixed=fixed, **common)
