@@ -320,7 +320,7 @@ def generate(
         texts=[r.text() for r in rows], token_ids=[r.out for r in rows], nfe=[r.nfe for r in rows],
         steps=[r.steps for r in rows], seconds=seconds, method=method,
         prompt_lengths=[len(p) for p in prompt_ids], accepted=[r.accepted for r in rows],
-        lookup_accepted=[getattr(r, "lookup_accepted", 0) for r in rows],
+        lookup_accepted=[r.lookup_accepted for r in rows],
     )
 
 

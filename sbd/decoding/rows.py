@@ -70,6 +70,7 @@ class Row:
         self.steps: list[int] = []  # the forward (1-based) that produced each token
         self.accepted: list[int] = []  # sbd-verify: draft tokens kept at each verifying forward
         self.proposed = 0  # sbd-verify: draft tokens put up for verification
+        self.lookup_accepted = 0  # sbd-verify with lookup: kept draft tokens that prompt lookup proposed
         self.nfe = 0
         self.finished = False
         self.in_prefill = False
@@ -308,7 +309,6 @@ class VerifyRow(Row):
         self.cost = cost
         self.lookup = lookup  # greedy: draft from an earlier occurrence of the last tokens when there is one
         self.from_lookup = False  # the current draft came from prompt lookup
-        self.lookup_accepted = 0  # draft tokens kept that prompt lookup proposed
         self.n_masks = block_size  # masks fed by the next verifying forward
         self.plain_steps = 0  # consecutive next-token steps (adaptive drafting found no draft worth its width)
         self.rejections = 0  # verifying forwards in which a draft token was refused
@@ -344,11 +344,8 @@ class VerifyRow(Row):
             tail, first = seq[-g:], seq[-g]
             for s in range(len(seq) - g - 1, -1, -1):  # latest first; the tail itself is not a match
                 if seq[s] == first and seq[s : s + g] == tail:
-                    draft = seq[s + g : s + g + self.block_size - 1]
-                    while len(draft) < self.block_size - 1:  # the text repeats from s + g on: copy on
-                        draft.append(draft[len(draft) - (len(seq) - s - g)] if len(draft) >= len(seq) - s - g
-                                     else seq[s + g + len(draft)])
-                    return draft
+                    period = len(seq) - s - g  # what follows the match, up to the end, repeats from there
+                    return [seq[s + g + i % period] for i in range(self.block_size - 1)]
         return []
 
     def _next_draft(self, masks_draft: list[int]) -> None:
