@@ -3,72 +3,198 @@
 sbd-verify accepts a draft token exactly when it is what the model itself would say, so the drafts
 should learn the model's own outputs rather than reference solutions. Each record keeps the exact
 token ids the model produced (`prompt_ids`, `completion_ids`: no re-tokenisation drift) next to the
-text. Records are appended batch by batch with a flush, so an interrupted run loses at most one batch
-and the same command continues where it stopped.
+text, the prompt's `index` and its `source`. Records are written in the order the answers finish.
+
+Decoding keeps `batch_size` prompts in flight: when one ends, the next prompt takes its place at once
+(continuous batching), and its record is appended at once. Each answer is exactly what
+`sbd.generate(method="ntp")` gives for that prompt alone (with temperature > 0: seed + index).
+
+Data is never lost: `OUT.meta.json` records the settings and prompts (`sbd.training.distill_file`), an
+existing --out that is not this run's output is refused untouched, appends are fsynced every few
+records, and the only rewrite (dropping a torn last line after a crash) is atomic. The same command
+continues where an interrupted run stopped.
 """
 
 from __future__ import annotations
 
-import json
+import math
 import os
+import time
 from pathlib import Path
 
 from ..errors import SBDError
+from . import distill_file as files
 
-def _done(out: Path) -> set[int]:
-    """Indices already distilled; a torn last line (an interrupted write) is dropped from the file."""
-    if not out.is_file():
-        return set()
-    keep, done = [], set()
-    for line in out.read_text(encoding="utf-8").splitlines():
-        try:
-            rec = json.loads(line)
-            done.add(int(rec["index"]))
-            keep.append(line)
-        except (ValueError, KeyError, TypeError):
-            continue
-    out.write_text("".join(k + "\n" for k in keep), encoding="utf-8")
-    return done
+SYNC_RECORDS = 16  # fsync after this many records …
+SYNC_SECONDS = 10.0  # … or this many seconds, whichever comes first
 
 
-def distill(model, tokenizer, prompts: list, out, *, chat: bool = True, max_new_tokens: int = 256,
-            batch_size: int = 8, temperature: float = 0.0, seed: int = 0, progress: bool = True) -> int:
-    """Append `{"index", "prompt", "completion", "prompt_ids", "completion_ids"}` records of the model's
-    own completions to `out` (jsonl), skipping prompts already there; returns how many were written."""
-    from ..decoding import generate
-    from ..decoding.generate import encode_prompts
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data):]
 
-    if not prompts:
+
+def _settings(model, model_name, chat, max_new_tokens, temperature, seed) -> dict:
+    if model_name is None:
+        model_name = getattr(model.config, "name_or_path", "") or ""
+    return {"model": str(model_name), "chat": bool(chat), "max_new_tokens": int(max_new_tokens),
+            "temperature": float(temperature), "seed": int(seed)}
+
+
+def _as_sources(prompts) -> list[tuple[str, list]]:
+    """(source, prompts) pairs; a plain list of prompts is one source named "prompts"."""
+    if isinstance(prompts, dict):
+        return [(str(k), list(v)) for k, v in prompts.items()]
+    prompts = list(prompts)
+    if prompts and isinstance(prompts[0], tuple) and len(prompts[0]) == 2 and isinstance(prompts[0][0], str):
+        return [(str(s), list(ps)) for s, ps in prompts]
+    return [("prompts", prompts)]
+
+
+def check(prompts, out, *, model_name: str, chat: bool = True, max_new_tokens: int = 256,
+          temperature: float = 0.0, seed: int = 0, adopt: bool = False) -> files.Existing:
+    """Everything that can be refused before a model is loaded: the arguments, and --out against its
+    sidecar (another file, other prompts or settings). Writes nothing."""
+    sources = _as_sources(prompts)
+    if not any(ps for _, ps in sources):
         raise SBDError("no prompts to distill")
-    if batch_size < 1 or max_new_tokens < 1:
-        raise SBDError("batch_size and max_new_tokens must be >= 1")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise SBDError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    if not isinstance(temperature, (int, float)) or math.isnan(temperature) or temperature < 0:
+        raise SBDError(f"temperature must be a number >= 0, got {temperature!r}")
+    settings = {"model": str(model_name), "chat": bool(chat), "max_new_tokens": max_new_tokens,
+                "temperature": float(temperature), "seed": int(seed)}
+    return files.inspect(out, settings, sources, adopt)
+
+
+def distill(model, tokenizer, prompts, out, *, chat: bool = True, max_new_tokens: int = 256, batch_size: int = 8,
+            temperature: float = 0.0, seed: int = 0, progress: bool = True, model_name: str | None = None,
+            adopt: bool = False) -> int:
+    """Append `{"index", "source", "prompt", "completion", "prompt_ids", "completion_ids"}` records of the
+    model's own completions to `out` (jsonl), skipping prompts already there; returns how many were
+    written. prompts: a list, or (source, prompts) pairs / a {source: prompts} dict (kept in the sidecar
+    and in each record's `source`). model_name: the model as the user named it (default: its config's
+    name_or_path). adopt: take over an output of an older sbd (no sidecar) after checking that every
+    record answers the prompt at its index. Resume rules: `sbd.training.distill_file`."""
+    from ..decoding.generate import check_context, check_prompt_ids, encode_prompts
+
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise SBDError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     if chat and not getattr(tokenizer, "chat_template", None):
         raise SBDError("this tokenizer has no chat template; distill with chat=False (--no-chat)")
+    settings = _settings(model, model_name, chat, max_new_tokens, temperature, seed)
+    sources = _as_sources(prompts)
+    found = check(sources, out, **{k: settings[k] for k in files.SETTINGS if k != "model"},
+                  model_name=settings["model"], adopt=adopt)
+    everything = [p for _, ps in sources for p in ps]
+    names = [s for s, ps in sources for _ in ps]
     out = Path(out)
+    if found.adopt:
+        files.check_adopted(out, encode_prompts(tokenizer, everything, chat), max_new_tokens)
+    todo = [i for i in range(len(everything)) if i not in found.done]
+    ids = dict(zip(todo, encode_prompts(tokenizer, [everything[i] for i in todo], chat))) if todo else {}
+    if todo:
+        check_context(model, list(ids.values()), max_new_tokens)
+        check_prompt_ids(model, tokenizer, list(ids.values()))
+    try:
+        return _write(model, tokenizer, out, found, files.make_meta(settings, sources), todo, ids, names,
+                      batch_size=batch_size, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                      progress=progress, total=len(everything))
+    except OSError as e:  # a read-only place, a full disk: the records already written stay intact
+        raise SBDError(f"cannot write {e.filename or out}: {e.strerror or e} (the records already in {out} are "
+                       "intact; fix it and run the same command to continue)") from None
+
+
+def _write(model, tokenizer, out: Path, found, meta: dict, todo, ids, names, *, batch_size, max_new_tokens,
+           temperature, seed, progress, total) -> int:
+    import json
+
     out.parent.mkdir(parents=True, exist_ok=True)
-    done = _done(out)
-    todo = [i for i in range(len(prompts)) if i not in done]
-    written = 0
+    if found.keep is not None:
+        files.drop_torn_end(out, found.keep)
+    body = (json.dumps(meta, indent=1) + "\n").encode("utf-8")
+    files.write_atomically(files.meta_path(out), lambda f: f.write(body))
     bar = None
     if progress:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(prompts), initial=len(prompts) - len(todo), desc="sbd distill", dynamic_ncols=True)
-    with out.open("a", encoding="utf-8") as f:
-        for start in range(0, len(todo), batch_size):
-            idx = todo[start: start + batch_size]
-            ids = encode_prompts(tokenizer, [prompts[i] for i in idx], chat)
-            res = generate(model, tokenizer, ids, method="ntp", max_new_tokens=max_new_tokens,
-                           temperature=temperature, seed=seed + idx[0] if temperature > 0 else None)
-            for i, p_ids, c_ids in zip(idx, ids, res.token_ids):
-                f.write(json.dumps({"index": i, "prompt": tokenizer.decode(p_ids), "completion":
-                                    tokenizer.decode(c_ids, skip_special_tokens=True), "prompt_ids": p_ids,
-                                    "completion_ids": c_ids}) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-            written += len(idx)
+        bar = tqdm(total=total, initial=total - len(todo), desc="sbd distill", dynamic_ncols=True)
+    fd = os.open(out, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    written, unsynced, synced_at = 0, 0, time.monotonic()
+    good = os.fstat(fd).st_size
+    try:
+        if found.newline:
+            _write_all(fd, b"\n")
+            good += 1
+        for i, c_ids in decode(model, tokenizer, todo, ids, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                               temperature=temperature, seed=seed):
+            line = json.dumps({"index": i, "source": names[i], "prompt": tokenizer.decode(ids[i]),
+                               "completion": tokenizer.decode(c_ids, skip_special_tokens=True),
+                               "prompt_ids": ids[i], "completion_ids": c_ids}) + "\n"
+            data = line.encode("utf-8")
+            try:
+                _write_all(fd, data)
+            except OSError:
+                _truncate(fd, good)  # no half record left behind
+                raise
+            good += len(data)
+            written += 1
+            unsynced += 1
+            if unsynced >= SYNC_RECORDS or time.monotonic() - synced_at >= SYNC_SECONDS:
+                os.fsync(fd)
+                unsynced, synced_at = 0, time.monotonic()
             if bar is not None:
-                bar.update(len(idx))
-    if bar is not None:
-        bar.close()
+                bar.update(1)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+        if bar is not None:
+            bar.close()
     return written
+
+
+def _truncate(fd: int, size: int) -> None:
+    try:
+        os.ftruncate(fd, size)
+    except OSError:
+        pass
+
+
+def decode(model, tokenizer, todo: list[int], ids: dict, *, batch_size: int, max_new_tokens: int,
+           temperature: float = 0.0, seed: int = 0):
+    """Yield (index, completion token ids) as answers finish, keeping `batch_size` prompts in flight: a
+    finished row is replaced by the next prompt before the next step. Each answer equals
+    `generate(model, tokenizer, [ids[i]], method="ntp", seed=seed + i)`'s."""
+    import torch
+
+    from ..decoding.engine import Engine
+    from ..decoding.generate import default_block_size, default_eos_ids
+    from ..decoding.rows import make_row
+    from ..modes import eval_mode
+
+    if not todo:
+        return
+    device = model.get_input_embeddings().weight.device
+    eos = default_eos_ids(model, tokenizer)
+
+    def new_row(i):
+        return make_row("ntp", ids[i], mask_id=None, max_new=max_new_tokens, eos=eos, stop=[], tokenizer=tokenizer,
+                        temperature=temperature, seed=seed + i if temperature > 0 else None, device=device)
+
+    first = new_row(todo[0])
+    capacity = max(len(ids[i]) for i in todo) + max_new_tokens + first.needs_extra
+    engine = Engine(model, min(batch_size, len(todo)), capacity, max_width=2 * default_block_size(model) + 1)
+    engine.add(first)
+    index = {id(first): todo[0]}
+    waiting = iter(todo[1:])
+    while True:
+        with eval_mode(model), torch.inference_mode():
+            while engine.live < engine.slots and (i := next(waiting, None)) is not None:
+                row = new_row(i)
+                engine.add(row)
+                index[id(row)] = i
+            if not engine.live:
+                return
+            done = engine.step()
+        for row in done:  # outside inference mode: the caller writes records here
+            yield index.pop(id(row)), list(row.out)
