@@ -117,3 +117,39 @@ def test_an_adapter_folder_as_model_continues_that_adapter(tmp_path, capsys):
     full = [a for a in argv if a not in ("--adapter", "lora")]
     full[full.index("--rank") + 1] = "8"
     assert main(full) == 2 and "is a drafting adapter" in capsys.readouterr().err
+
+
+def test_a_rank_beyond_the_layers_or_the_memory_is_refused_before_building(tmp_path, capsys, monkeypatch):
+    _setup(tmp_path)
+    argv = _argv(tmp_path, tmp_path / "big", 2)
+    argv[argv.index("--rank") + 1] = "100000"
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--rank 100000 is larger than the adapted layers allow" in err and "use --rank 24 or less" in err
+    assert "\n" not in err
+    from sbd.training import adapter_setup
+
+    monkeypatch.setattr(adapter_setup, "available_bytes", lambda device: 100_000)  # a machine with 100 kB free
+    assert main(_argv(tmp_path, tmp_path / "mem", 2)) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--rank 8 needs about 264.8 KiB" in err and "97.7 KiB available; use --rank 2 or less" in err and "\n" not in err
+    assert not (tmp_path / "mem" / "adapter_model.safetensors").exists()
+
+
+def test_a_shipped_base_is_recorded_by_its_name_and_the_hint_loads(tmp_path, capsys, monkeypatch):
+    """`--model demo` records `demo` (not `<cwd>/demo`): the printed `sbd generate --model OUT` works anywhere."""
+    with open(tmp_path / "toy.jsonl", "w") as f:
+        for s in range(8):
+            f.write(json.dumps({"prompt": f"{s} + 1 =", "completion": f" {s + 1}"}) + "\n")
+    (tmp_path / "run").mkdir()
+    monkeypatch.chdir(tmp_path / "run")
+    assert main(["train", "--model", "demo", "--data", str(tmp_path / "toy.jsonl"), "--out", "ad", "--adapter",
+                 "lora", "--rank", "2", "--steps", "1", "--batch-size", "4", "--no-progress"]) == 0
+    hint = capsys.readouterr().out.split("sbd generate --model ")[1].split()[0]
+    assert json.loads((tmp_path / "run" / "ad" / "adapter_config.json").read_text())["base_model_name_or_path"] == "demo"
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "run" / hint if not hint.startswith("/") else hint
+    model, tok = sbd.load(out)
+    assert adapters.adapter_of(model) is not None
+    monkeypatch.chdir(tmp_path / "run")
+    assert main(["generate", "--model", hint, "1 + 1 =", "--method", "sbd-verify", "--max-new-tokens", "4"]) == 0

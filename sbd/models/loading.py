@@ -126,6 +126,10 @@ def load(path, *, adapter=None, device: str | None = None, dtype: torch.dtype | 
         if not path:
             raise SBDError(f"the adapter in {str(adapter)!r} does not name its base model; "
                            "load the base with sbd.load(BASE, adapter=FOLDER)")
+        if str(path) in DEMO_NAMES and not Path(path).exists():  # a base recorded by its shipped name
+            path = demo_path(str(path))
+        elif str(path) in PACKAGED_MODELS and not Path(path).exists():
+            path = packaged_model(str(path))[0]
     if adapter is not None:
         adapters.read_config(adapter)  # a bad adapter folder is refused before the model loads
     path = Path(path)

@@ -291,9 +291,12 @@ def _run(config: TrainConfig) -> Path:
     if config.adapter is not None:
         model.requires_grad_(False)  # the model stays exactly itself; only the adapter learns
         if start is None:
+            from .adapter_setup import base_name, check_fits
+
+            check_fits(model, config.rank, adapters.DEFAULT_TARGETS)  # before a byte of it is allocated
             adapters.attach(model, adapters.AdapterConfig(
                 r=config.rank, lora_alpha=float(config.alpha), block_size=config.block_size or config.block_size_max,
-                base_model_name_or_path=str(Path(config.model).resolve())))
+                base_model_name_or_path=base_name(config.model)))
         else:  # warm start: training goes on from the adapter's weights (new data, more steps)
             if (start.config.r, float(start.config.lora_alpha)) != (config.rank, float(config.alpha)):
                 raise SBDError(f"--model's adapter has rank {start.config.r} and alpha {start.config.lora_alpha:g}; "
