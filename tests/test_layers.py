@@ -16,8 +16,9 @@ import pytest
 ROOT = Path(os.environ.get("SBD_LAYERS_ROOT") or Path(__file__).resolve().parent.parent)
 PACKAGE = "sbd"
 
-# Lowest first. A module belongs to the first entry that names it or one of its packages; an import may
-# point to its own layer or any layer below, never above. The same order as README.md "Layout".
+# Lowest first. A module belongs to the layer of the longest entry that names it or one of its packages
+# ("sbd" names only the package's __init__.py); an import may point to its own layer or any layer below,
+# never above. The same order as README.md "Layout" (tests/test_readme_results.py holds the two together).
 LAYERS = [
     ["sbd.errors", "sbd._version"],
     ["sbd.modes", "sbd.masks", "sbd.sampler", "sbd.tasks"],
@@ -31,15 +32,15 @@ LAYERS = [
 ]
 
 
-def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
-def modules() -> dict[str, Path]:
-    return {module_name(p): p for p in sorted((ROOT / PACKAGE).rglob("*.py"))}
+def modules(root: Path = ROOT) -> dict[str, Path]:
+    return {module_name(p, root): p for p in sorted((root / PACKAGE).rglob("*.py"))}
 
 
 def imported(name: str, path: Path, known: set[str]) -> set[str]:
@@ -76,16 +77,16 @@ def imported(name: str, path: Path, known: set[str]) -> set[str]:
     return found
 
 
-def graph() -> dict[str, set[str]]:
-    found = modules()
+def graph(root: Path = ROOT) -> dict[str, set[str]]:
+    found = modules(root)
     return {name: imported(name, path, set(found)) for name, path in found.items()}
 
 
-def layer_of(name: str) -> int:
+def layer_of(name: str, layers: list[list[str]] = LAYERS) -> int:
     best = None
-    for i, names in enumerate(LAYERS):
+    for i, names in enumerate(layers):
         for prefix in names:
-            if name == prefix or name.startswith(prefix + "."):
+            if name == prefix or (prefix != PACKAGE and name.startswith(prefix + ".")):
                 if best is None or len(prefix) > best[1]:
                     best = (i, len(prefix))
     if best is None:
@@ -124,13 +125,31 @@ def circles(edges: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
-def test_the_graph_reads_relative_absolute_and_function_level_imports():
-    # a guard on the reader itself: imports known to exist in the package, of each kind
-    edges = graph()
-    assert "sbd.errors" in edges["sbd.models.loading"]                  # from ..errors import (module level)
-    assert "sbd.models.narrow_linear" in edges["sbd.models.loading"]    # from . import narrow_linear (in load())
-    assert "sbd.models.loading" in edges["sbd.cli.main"]                # from ..models.loading import load (in a function)
-    assert "sbd.decoding.generate" in edges["sbd"]                      # the package's face
+def upward(edges: dict[str, set[str]], layers: list[list[str]] = LAYERS) -> list[str]:
+    return sorted(f"{a} (layer {layer_of(a, layers)}) -> {b} (layer {layer_of(b, layers)})"
+                  for a, targets in edges.items() for b in targets if layer_of(b, layers) > layer_of(a, layers))
+
+
+def test_the_reader_finds_every_kind_of_import(tmp_path):
+    # a made-up package: each kind of import once, one circle a -> b -> c -> a, one arrow up (low -> a)
+    files = {
+        "__init__.py": "from .a import x\n",
+        "a.py": "from .b import y\nimport json\n",                       # relative, module level
+        "b.py": "def f():\n    from sbd.c import z\n    return z\n",     # absolute, in a function
+        "c.py": "import sbd.a\n",                                          # plain import
+        "low/__init__.py": "",
+        "low/m.py": "from .. import a\nfrom . import n\n",                 # a module taken from its package
+        "low/n.py": "from ..errors import E\n",                             # a module that is not there
+    }
+    for name, text in files.items():
+        (tmp_path / PACKAGE / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / PACKAGE / name).write_text(text)
+    edges = graph(tmp_path)
+    assert edges == {"sbd": {"sbd.a"}, "sbd.a": {"sbd.b"}, "sbd.b": {"sbd.c"}, "sbd.c": {"sbd.a"},
+                     "sbd.low": set(), "sbd.low.m": {"sbd.a", "sbd.low.n"}, "sbd.low.n": {"sbd"}}
+    assert circles(edges) == [["sbd.a", "sbd.b", "sbd.c"]]
+    layers = [["sbd.low"], ["sbd.a", "sbd.b", "sbd.c"], ["sbd"]]
+    assert upward(edges, layers) == ["sbd.low.m (layer 0) -> sbd.a (layer 1)", "sbd.low.n (layer 0) -> sbd (layer 2)"]
 
 
 def test_no_import_circles():
@@ -140,9 +159,7 @@ def test_no_import_circles():
 
 
 def test_no_import_points_up_a_layer():
-    edges = graph()
-    up = sorted(f"{a} (layer {layer_of(a)}) -> {b} (layer {layer_of(b)})"
-                for a, targets in edges.items() for b in targets if layer_of(b) > layer_of(a))
+    up = upward(graph())
     assert not up, "imports from a lower layer to a higher one:\n" + "\n".join(up)
 
 
