@@ -139,6 +139,12 @@ def test_a_torn_last_line_is_dropped_atomically(model_dir, files, tmp_path, caps
     assert "distilled 1 new" in capsys.readouterr().out
     assert _records(out) == recs
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temp file left
+    out.write_text(lines[0][:5])  # killed in the first bytes of the first record
+    assert main(_argv(model_dir, out, files[0])) == 0
+    assert _records(out) == recs
+    out.write_text("")  # killed before the first record
+    assert main(_argv(model_dir, out, files[0])) == 0
+    assert _records(out) == recs
 
 
 def test_resume_with_other_settings_or_prompts_is_refused(model_dir, files, tmp_path, capsys):

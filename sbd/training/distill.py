@@ -34,11 +34,16 @@ def _write_all(fd: int, data: bytes) -> None:
         data = data[os.write(fd, data):]
 
 
-def _settings(model, model_name, chat, max_new_tokens, temperature, seed) -> dict:
-    if model_name is None:
-        model_name = getattr(model.config, "name_or_path", "") or ""
-    return {"model": str(model_name), "chat": bool(chat), "max_new_tokens": int(max_new_tokens),
-            "temperature": float(temperature), "seed": int(seed)}
+def _settings(model_name, chat, max_new_tokens, temperature, seed) -> dict:
+    """What the sidecar records and a resume must repeat (`distill_file.SETTINGS`), checked."""
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise SBDError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    if not isinstance(temperature, (int, float)) or math.isnan(temperature) or temperature < 0:
+        raise SBDError(f"temperature must be a number >= 0, got {temperature!r}")
+    if not isinstance(seed, int):
+        raise SBDError(f"seed must be an integer, got {seed!r}")
+    return {"model": str(model_name), "chat": bool(chat), "max_new_tokens": max_new_tokens,
+            "temperature": float(temperature), "seed": seed}
 
 
 def _as_sources(prompts) -> list[tuple[str, list]]:
@@ -58,12 +63,7 @@ def check(prompts, out, *, model_name: str, chat: bool = True, max_new_tokens: i
     sources = _as_sources(prompts)
     if not any(ps for _, ps in sources):
         raise SBDError("no prompts to distill")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise SBDError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-    if not isinstance(temperature, (int, float)) or math.isnan(temperature) or temperature < 0:
-        raise SBDError(f"temperature must be a number >= 0, got {temperature!r}")
-    settings = {"model": str(model_name), "chat": bool(chat), "max_new_tokens": max_new_tokens,
-                "temperature": float(temperature), "seed": int(seed)}
+    settings = _settings(model_name, chat, max_new_tokens, temperature, seed)
     return files.inspect(out, settings, sources, adopt)
 
 
@@ -82,10 +82,12 @@ def distill(model, tokenizer, prompts, out, *, chat: bool = True, max_new_tokens
         raise SBDError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     if chat and not getattr(tokenizer, "chat_template", None):
         raise SBDError("this tokenizer has no chat template; distill with chat=False (--no-chat)")
-    settings = _settings(model, model_name, chat, max_new_tokens, temperature, seed)
+    if model_name is None:
+        model_name = getattr(model.config, "name_or_path", "") or ""
+    settings = _settings(model_name, chat, max_new_tokens, temperature, seed)
     sources = _as_sources(prompts)
-    found = check(sources, out, **{k: settings[k] for k in files.SETTINGS if k != "model"},
-                  model_name=settings["model"], adopt=adopt)
+    found = check(sources, out, model_name=model_name, chat=chat, max_new_tokens=max_new_tokens,
+                  temperature=temperature, seed=seed, adopt=adopt)
     everything = [p for _, ps in sources for p in ps]
     names = [s for s, ps in sources for _ in ps]
     out = Path(out)
@@ -101,8 +103,11 @@ def distill(model, tokenizer, prompts, out, *, chat: bool = True, max_new_tokens
                       batch_size=batch_size, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                       progress=progress, total=len(everything))
     except OSError as e:  # a read-only place, a full disk: the records already written stay intact
-        raise SBDError(f"cannot write {e.filename or out}: {e.strerror or e} (the records already in {out} are "
-                       "intact; fix it and run the same command to continue)") from None
+        where = Path(str(e.filename or out))
+        if where.name.startswith(".") and where.name.endswith(".tmp"):  # a temp file stands for its target
+            where = where.with_name(where.name[1:-4])
+        raise SBDError(f"cannot write {where}: {e.strerror or e} (the records already in {out} are intact; fix "
+                       "that and run the same command to continue)") from None
 
 
 def _write(model, tokenizer, out: Path, found, meta: dict, todo, ids, names, *, batch_size, max_new_tokens,

@@ -116,7 +116,10 @@ def _scan(out: Path, legacy: bool) -> Existing:
     good = 0  # bytes up to the end of the last whole record
     what = "an older `sbd distill` output" if legacy else "`sbd distill` output"
     with out.open("rb") as f:
-        if not f.read(1) == b"{":
+        first = f.read(1)
+        if not first:
+            return found
+        if first != b"{":
             raise SBDError(f"{out} exists and is not {what}; not touching it: give another --out")
         f.seek(0)
         for n, raw in enumerate(f, 1):
@@ -127,7 +130,8 @@ def _scan(out: Path, legacy: bool) -> Existing:
             last = not raw.endswith(b"\n")
             if not is_record(rec):
                 # a torn last line: an interrupted append of a record (dropped on the next run)
-                if last and raw.startswith(b'{"index": ') and (found.done or not legacy):
+                start = b'{"index": '
+                if last and raw[:len(start)] == start[:len(raw)] and (found.done or not legacy):
                     found.keep = good
                     break
                 raise SBDError(f"{out} exists and is not {what} (line {n} is not a distill record); not "
