@@ -25,7 +25,7 @@ def add_distill_parser(sub) -> None:
                    help="records are appended here; its settings go to FILE.jsonl.meta.json")
     p.add_argument("--adopt", action="store_true",
                    help="continue an --out written by an older sbd (no .meta.json): every record must answer "
-                        "the prompt at its index, then the sidecar is written")
+                        "the prompt at its index, then the sidecar is written (no effect when the sidecar exists)")
     p.add_argument("--no-chat", action="store_true",
                    help="feed prompts as raw text (default: through the tokenizer's chat template)")
     p.add_argument("--max-new-tokens", type=_positive, default=256, help="completion budget (default: 256)")

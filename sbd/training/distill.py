@@ -118,7 +118,9 @@ def _write(model, tokenizer, out: Path, found, meta: dict, todo, ids, names, *, 
     if found.keep is not None:
         files.drop_torn_end(out, found.keep)
     body = (json.dumps(meta, indent=1) + "\n").encode("utf-8")
-    files.write_atomically(files.meta_path(out), lambda f: f.write(body))
+    sidecar = files.meta_path(out)
+    if not (sidecar.is_file() and sidecar.read_bytes() == body):
+        files.write_atomically(sidecar, lambda f: f.write(body))
     bar = None
     if progress:
         from tqdm.auto import tqdm

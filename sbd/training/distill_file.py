@@ -150,13 +150,13 @@ def inspect(out, settings: dict, sources: list[tuple[str, list]], adopt: bool = 
     do not belong to it (another file, other prompts or settings)."""
     out = Path(out)
     meta = meta_path(out)
-    if out.is_dir():
-        raise SBDError(f"--out {out} is a folder; give a file name (records go in FILE.jsonl)")
-    if out.parent.exists() and not out.parent.is_dir():
-        raise SBDError(f"--out {out}: {out.parent} is a file, not a folder")
-    if out.parent.is_dir() and not os.access(out.parent, os.W_OK):
-        raise SBDError(f"cannot write {out}: permission denied for the folder {out.parent}")
     try:
+        if out.is_dir():
+            raise SBDError(f"--out {out} is a folder; give a file name (records go in FILE.jsonl)")
+        if out.parent.exists() and not out.parent.is_dir():
+            raise SBDError(f"--out {out}: {out.parent} is a file, not a folder")
+        if out.parent.is_dir() and not os.access(out.parent, os.W_OK):
+            raise SBDError(f"cannot write {out}: permission denied for the folder {out.parent}")
         if not out.exists():
             return Existing()
         if not out.is_file():
