@@ -4,13 +4,14 @@ equality between two decoding paths means something."""
 from __future__ import annotations
 
 import functools
+import os
 
 import pytest
 import torch
 
 from sbd.models import tiny
 
-torch.set_num_threads(2)
+torch.set_num_threads(int(os.environ.get("SBD_TEST_THREADS", "2")))  # 1 on a machine shared with other jobs
 ARCHS = tiny.ARCHS
 LOGIT_SCALE = 150.0  # a mix of near-certain and uncertain positions: the EB rule has choices to make
 

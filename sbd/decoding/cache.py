@@ -76,11 +76,21 @@ class SlotLayer(DynamicLayer):
     def get_seq_length(self) -> int:
         return self.visible
 
-    def move(self, src: int, dst: int, length: int) -> None:
-        """Copy slot `src`'s first `length` positions into slot `dst` (a finished row's slot is refilled)."""
-        if self.is_initialized and length:
-            self._k[dst, :, :length] = self._k[src, :, :length]
-            self._v[dst, :, :length] = self._v[src, :, :length]
+    def swap(self, i: int, j: int, length_i: int, length_j: int) -> None:
+        """Exchange the first `length_i` positions of slot i with the first `length_j` of slot j (two rows
+        change places; a slot with nothing committed is only overwritten)."""
+        if not self.is_initialized or not (length_i or length_j):
+            return
+        if not length_i or not length_j:  # one side holds nothing: a move
+            src, dst, n = (j, i, length_j) if length_j else (i, j, length_i)
+            self._k[dst, :, :n] = self._k[src, :, :n]
+            self._v[dst, :, :n] = self._v[src, :, :n]
+            return
+        n = max(length_i, length_j)
+        for buf in (self._k, self._v):
+            held = buf[i, :, :n].clone()
+            buf[i, :, :n] = buf[j, :, :n]
+            buf[j, :, :n] = held
 
 
 def slot_cache(model, slots: int, capacity: int, trash: int, static: bool = False) -> Cache:

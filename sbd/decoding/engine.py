@@ -111,8 +111,8 @@ class Engine:
         else:
             self.trash = max(self.static_widths) if self.static_widths else max(max_width, 1)
         self.cache = None
-        self.rows: list = []  # live rows; row i sits in cache slot i
-        self.lengths: list[int] = []
+        self._rows: list = []  # live rows; row i sits in cache slot i (moved only with it: `_swap`)
+        self._lengths: list[int] = []
         self.observer = observer
         self.call = model if call is None else call
         self.prefill = prefill
@@ -120,63 +120,91 @@ class Engine:
         self.adapter = adapter_of(model)
 
     # -- rows ----------------------------------------------------------------------------------------
+    # Row i always sits in cache slot i. The row list, the lengths and the cache slots change only
+    # together, in `add` (a new slot at the end) and `_swap` (two rows exchange places with their
+    # slots); everything else reads them. So a row's cache goes wherever the row goes.
+    @property
+    def rows(self) -> tuple:
+        """The live rows; row i sits in cache slot i (read-only: rows move only with their caches)."""
+        return tuple(self._rows)
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        """Committed cache positions of each live row (read-only)."""
+        return tuple(self._lengths)
+
     def add(self, row) -> None:
         """A row joins; its prefill runs in the next step."""
-        if len(self.rows) >= self.slots:
+        if len(self._rows) >= self.slots:
             raise SBDError(f"the engine is full ({self.slots} rows)")
         if row.needs > self.capacity:
             raise SBDError(f"prompt and budget need {row.needs} cache positions; this engine holds {self.capacity}")
-        self.rows.append(row)
-        self.lengths.append(0)
+        if row in self._rows:
+            raise SBDError("this row is already in the engine")
+        self._rows.append(row)
+        self._lengths.append(0)
 
     def remove(self, row) -> None:
-        """Take a row out (finished or abandoned): the last row moves into its slot."""
-        i = self.rows.index(row)
-        last = len(self.rows) - 1
-        if i != last and self.cache is not None:
+        """Take a row out (finished or abandoned): the last row moves into its slot, with its cache."""
+        i = self._rows.index(row)
+        self._swap(i, len(self._rows) - 1)
+        self._rows.pop()
+        self._lengths.pop()
+
+    def _swap(self, i: int, j: int) -> None:
+        """Rows i and j exchange places together with their cache slots (the only way rows move)."""
+        if i == j:
+            return
+        if self.cache is not None:
             for layer in self.cache.layers:
-                layer.move(last, i, self.lengths[last])
-        self.rows[i], self.lengths[i] = self.rows[last], self.lengths[last]
-        self.rows.pop()
-        self.lengths.pop()
+                layer.swap(i, j, self._lengths[i], self._lengths[j])
+        self._rows[i], self._rows[j] = self._rows[j], self._rows[i]
+        self._lengths[i], self._lengths[j] = self._lengths[j], self._lengths[i]
+
+    def _newcomers_last(self) -> int | None:
+        """Put the rows still to prefill after all the others (each row with its cache); the index of the
+        first of them, or None when there is none."""
+        lo, hi = 0, len(self._rows) - 1
+        while True:
+            while lo <= hi and not self._rows[lo].in_prefill:
+                lo += 1
+            while hi >= lo and self._rows[hi].in_prefill:
+                hi -= 1
+            if lo >= hi:
+                return lo if lo < len(self._rows) else None
+            self._swap(lo, hi)
 
     @property
     def live(self) -> int:
-        return len(self.rows)
+        return len(self._rows)
 
     # -- one step ------------------------------------------------------------------------------------
     def step(self) -> list:
         """Prefill newcomers (separate mode) and run one decoding forward for every row; returns the rows
         that finished in it (already removed)."""
         if self.prefill == "separate":
-            first = next((i for i, r in enumerate(self.rows) if r.in_prefill), None)
+            first = self._newcomers_last()
             if first is not None:
-                # Newcomers sit at the end (add appends). Those with nothing to prefill (a one-token
-                # prompt) hold no cache yet, so they move before the others at no cost.
-                tail = list(zip(self.rows[first:], self.lengths[first:]))
-                tail.sort(key=lambda rl: rl[0].in_prefill)  # stable
-                self.rows[first:], self.lengths[first:] = [r for r, _ in tail], [n for _, n in tail]
-                first = next(i for i, r in enumerate(self.rows) if r.in_prefill)
-                self._run(first, len(self.rows))
-        done = self._run(0, len(self.rows)) if self.rows else []
+                self._run(first, len(self._rows))
+        done = self._run(0, len(self._rows)) if self._rows else []
         for row in done:
             self.remove(row)
         return done
 
     def _run(self, lo: int, hi: int) -> list:
-        rows = self.rows[lo:hi]
+        rows = self._rows[lo:hi]
         static = bool(self.static_widths) and not any(r.in_prefill for r in rows)
         feeds = [r.feed() for r in rows]
         real = [len(f.tokens) for f in feeds]
         width = max(real)
         if static:
             width = next((w for w in self.static_widths if w >= width), width)
-        visible = self.capacity if static else max(self.lengths[lo + i] + real[i] for i in range(len(rows)))
+        visible = self.capacity if static else max(self._lengths[lo + i] + real[i] for i in range(len(rows)))
         if self.cache is None:
             self.cache = slot_cache(self.model, self.slots, self.capacity, self.trash, bool(self.static_widths))
         n_logits = max(f.n_logits for f in feeds)
         ids = [[0] * (width - n) + f.tokens for f, n in zip(feeds, real)]
-        lengths = self.lengths[lo:hi]
+        lengths = self._lengths[lo:hi]
         dev = self.device
         tokens = torch.tensor(ids, dtype=torch.long, device=dev)
         L = torch.tensor(lengths, dtype=torch.long, device=dev)
@@ -202,7 +230,7 @@ class Engine:
                 self.adapter.start = None
         logits = out.logits[:, -keep:]
         for i, f in enumerate(feeds):
-            self.lengths[lo + i] += f.n_commit
+            self._lengths[lo + i] += f.n_commit
         if self.observer is not None:
             self.observer(ForwardRecord(tokens, pos, mask, logits, max(f.n_commit for f in feeds), self.cache,
                                         rows, [f.n_commit for f in feeds], lengths, real))
@@ -218,7 +246,7 @@ class Engine:
             m = a.numel() if a is not None else 0
             drop = r.answer(values[at : at + m])
             at += m
-            self.lengths[lo + i] -= drop
+            self._lengths[lo + i] -= drop
             if r.finished:
                 done.append(r)
         return done
