@@ -114,9 +114,11 @@ def test_a_foreign_file_is_refused_untouched(model_dir, files, tmp_path, capsys,
     assert out.read_text() == content
 
 
-def test_a_directory_as_out_is_one_line(model_dir, files, tmp_path, capsys):
-    assert main(_argv(model_dir, tmp_path, files[0])) == 2
-    _one_line_error(capsys, "is a folder")
+def test_a_directory_as_out_is_one_line(model_dir, files, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for out in (tmp_path, ".", "/"):
+        assert main(_argv(model_dir, out, files[0])) == 2
+        _one_line_error(capsys, "is a folder")
 
 
 def test_a_torn_last_line_is_dropped_atomically(model_dir, files, tmp_path, capsys, monkeypatch):

@@ -114,7 +114,7 @@ def _scan(out: Path, legacy: bool) -> Existing:
     """Read every line of `out`; SBDError when one that is not the last is not a distill record."""
     found = Existing()
     good = 0  # bytes up to the end of the last whole record
-    what = "an older `sbd distill` output" if legacy else "`sbd distill` output"
+    what = "`sbd distill` output"
     with out.open("rb") as f:
         first = f.read(1)
         if not first:
@@ -149,10 +149,10 @@ def inspect(out, settings: dict, sources: list[tuple[str, list]], adopt: bool = 
     """Check --out and its sidecar against this run, writing nothing; SBDError in one line when they
     do not belong to it (another file, other prompts or settings)."""
     out = Path(out)
-    meta = meta_path(out)
     try:
         if out.is_dir():
             raise SBDError(f"--out {out} is a folder; give a file name (records go in FILE.jsonl)")
+        meta = meta_path(out)
         if out.parent.exists() and not out.parent.is_dir():
             raise SBDError(f"--out {out}: {out.parent} is a file, not a folder")
         if out.parent.is_dir() and not os.access(out.parent, os.W_OK):
