@@ -19,6 +19,7 @@ from ..errors import SBDError
 from ..modes import eval_mode
 from ..sampler import PROXIES
 from .engine import Engine, ForwardRecord
+from .processing import Processing
 from .rows import make_row
 from .width_cost import forward_costs
 
@@ -45,6 +46,9 @@ class GenerationResult:
     prompt_lengths: list[int] = field(default_factory=list)
     accepted: list[list[int]] = field(default_factory=list)  # sbd-verify: draft tokens kept at each forward
     lookup_accepted: list[int] = field(default_factory=list)  # sbd-verify, lookup=True: of those, from lookup
+    # logprobs=k: per row, per token (token_id, logprob, [(alt_id, alt_logprob), … the k most likely]),
+    # from the raw next-token head (temperature 1, before logit_bias, penalties and top_p); else None
+    logprobs: list[list[tuple[int, float, list[tuple[int, float]]]]] | None = None
 
     @property
     def mean_accepted(self) -> float:
@@ -247,6 +251,11 @@ def generate(
     compile: bool = False,
     chat: bool = False,
     reveal_per_forward: int | None = None,
+    logit_bias: dict[int, float] | None = None,
+    presence_penalty: float = 0.0,
+    frequency_penalty: float = 0.0,
+    top_p: float = 1.0,
+    logprobs: int | None = None,
 ) -> GenerationResult:
     """Decode `prompts` with NTP, SBD or SBD with verified drafts. Every row stops on its own.
 
@@ -280,6 +289,14 @@ def generate(
     random weights), not a decoding rule.
     chat: put each string prompt through the tokenizer's chat template as a user message (a prompt may
     also be a list of {"role", "content"} messages), with the assistant's turn opened.
+
+    OpenAI's processors (methods "ntp" and "sbd-verify"; they act on the next-token head, so sbd-verify
+    still gives exactly NTP's output under them; `sbd.decoding.processing.Processing`):
+    logit_bias {token id: -100..100} added to the logits; presence_penalty and frequency_penalty
+    (-2..2) subtracted once / per occurrence for every token already generated (the prompt does not
+    count); top_p (0, 1] samples from the nucleus (temperature > 0). logprobs=k (0..20): `logprobs`
+    of the result holds, for every returned token, its logprob and the k most likely alternatives,
+    read from the model's raw next-token distribution (temperature 1, before bias, penalties, top_p).
     """
     if block_size is None:
         block_size = default_block_size(model)
@@ -290,6 +307,11 @@ def generate(
     if reveal_per_forward is not None and (method != "sbd" or not isinstance(reveal_per_forward, int)
                                            or reveal_per_forward < 1):
         raise SBDError("reveal_per_forward is an integer >= 1 and applies to method='sbd' only")
+    processing = Processing(logit_bias or {}, presence_penalty, frequency_penalty, top_p, logprobs)
+    processing.validate(model.get_input_embeddings().num_embeddings)
+    if method == "sbd" and not processing.is_default:
+        raise SBDError("logit_bias, presence/frequency penalties, top_p and logprobs apply to method='ntp' or "
+                       "'sbd-verify' (the next-token head); method='sbd' reveals tokens with the masked head")
     prompt_ids = encode_prompts(tokenizer, prompts, chat)
     check_context(model, prompt_ids, max_new_tokens)
     check_prompt_ids(model, tokenizer, prompt_ids)
@@ -304,7 +326,7 @@ def generate(
 
     start = time.perf_counter()
     rows = [make_row(method, p, mask_id=mask_id, block_size=block_size, gamma=gamma, proxy=proxy, draft=draft,
-                     fixed=reveal_per_forward, seed=s, cost=cost, lookup=lookup, **common)
+                     fixed=reveal_per_forward, seed=s, cost=cost, lookup=lookup, processing=processing, **common)
             for p, s in zip(prompt_ids, seeds)]
     k = min(block_size, max_new_tokens)
     widths = () if not (static_shapes or compile) else (1,) if method == "ntp" else (k, 2 * k)
@@ -321,6 +343,7 @@ def generate(
         steps=[r.steps for r in rows], seconds=seconds, method=method,
         prompt_lengths=[len(p) for p in prompt_ids], accepted=[r.accepted for r in rows],
         lookup_accepted=[r.lookup_accepted for r in rows],
+        logprobs=[r.logprobs for r in rows] if processing.logprobs is not None else None,
     )
 
 

@@ -12,6 +12,9 @@ tokens leave the cache again (a rejected draft). All bookkeeping is on small hos
   next-token predictions keep the longest draft prefix NTP would produce plus NTP's next token (greedy:
   the same tokens; sampling: speculative acceptance, the same distribution), and the masks draft the
   next block. Every forward yields at least one token.
+
+NTP and sbd-verify rows take a `Processing` (logit_bias, penalties, top_p, logprobs;
+`sbd.decoding.processing`): it acts on the next-token head only, on the device inside `ask()`.
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ from typing import Sequence
 
 import torch
 
+from ..errors import SBDError
 from ..sampler import entropy_and_argmax, error_proxy, pick_tokens
 from .engine import Feed
+from .processing import Processing, bias_vector, pick, processed, read_logprobs, target_probs, token_logprobs
 
 
 def eb_rule(h: Sequence[float], masked: Sequence[bool], gamma: float,
@@ -50,12 +55,15 @@ def eb_rule(h: Sequence[float], masked: Sequence[bool], gamma: float,
 
 
 class Row:
-    """What every method shares: the prompt, the tokens made so far, EOS and stop strings, the budget."""
+    """What every method shares: the prompt, the tokens made so far, EOS and stop strings, the budget, and
+    the logit processors of the next-token head. `logprobs`: None, or one (token, logprob, [(alt,
+    logprob), …]) per token of `out` when `processing.logprobs` asks for them."""
 
     needs_extra = 0  # cache positions needed beyond prompt + budget
 
     def __init__(self, prompt: list[int], *, max_new: int, eos: Sequence[int] = (), stop: Sequence[str] = (),
-                 tokenizer=None, temperature: float = 0.0, seed: int | None = None, device=None):
+                 tokenizer=None, temperature: float = 0.0, seed: int | None = None, device=None,
+                 processing: Processing | None = None):
         self.prompt = list(prompt)
         self.max_new = max_new
         self.eos = frozenset(int(e) for e in eos)
@@ -75,6 +83,43 @@ class Row:
         self.finished = False
         self.in_prefill = False
         self._checked = 0  # tokens already searched for stop strings
+        # None when the processors change nothing: the hot path then skips them entirely
+        self.processing = processing if processing is not None and processing.changes_logits else None
+        self.top_logprobs = processing.logprobs if processing is not None else None
+        self.logprobs: list | None = [] if self.top_logprobs is not None else None
+        self._bias: torch.Tensor | None = None  # logit_bias as a dense vector, made at the first forward
+        self._counts: torch.Tensor | None = None  # (V,) on the device: how often each token was generated
+        self._uncounted: list[int] = []  # generated tokens not yet added to _counts
+
+    def _next_token_logits(self, logits: torch.Tensor, draft: torch.Tensor | None = None) -> torch.Tensor:
+        """The next-token logits (m, V) after logit_bias and the penalties; `draft`: the tokens fed at
+        positions 1 … m−1, counted for the positions after them."""
+        p = self.processing
+        if p.logit_bias and self._bias is None:
+            self._bias = bias_vector(p, logits.shape[-1], logits.device)
+        if p.penalised:
+            if self._counts is None:
+                self._counts = torch.zeros(logits.shape[-1], dtype=torch.float32, device=logits.device)
+            if self._uncounted:
+                new = torch.tensor(self._uncounted, dtype=torch.long, device=logits.device)
+                self._counts.index_add_(0, new, torch.ones(len(self._uncounted), device=logits.device))
+                self._uncounted = []
+        return processed(logits, p, self._bias, self._counts, draft)
+
+    def _logprob_width(self) -> int:
+        return 0 if self.top_logprobs is None else 1 + 2 * self.top_logprobs
+
+    def _take(self, tokens: list[int], lp_values: list[float] = ()) -> int:
+        """Append tokens made in this forward (with their logprob values, if asked for); returns where
+        they start in `out`."""
+        start = len(self.out)
+        self.out += tokens
+        self.steps += [self.nfe] * len(tokens)
+        if self.logprobs is not None:
+            self.logprobs += read_logprobs(list(lp_values), tokens, self.top_logprobs)
+        if self.processing is not None and self.processing.penalised:
+            self._uncounted += tokens
+        return start
 
     @property
     def needs(self) -> int:
@@ -113,6 +158,8 @@ class Row:
 
     def _finish(self, n: int) -> None:
         del self.out[n:], self.steps[n:]
+        if self.logprobs is not None:
+            del self.logprobs[n:]
         self.finished = True
 
     @property
@@ -149,7 +196,13 @@ class NTPRow(Row):
         return Feed([self.last], 1, 1)
 
     def ask(self, logits: torch.Tensor) -> torch.Tensor:
-        return pick_tokens(logits, self.temperature, self.gen)
+        if self.processing is None:
+            tok = pick_tokens(logits, self.temperature, self.gen)
+        else:
+            tok = pick(self._next_token_logits(logits), self.temperature, self.processing.top_p, self.gen)
+        if self.logprobs is None:
+            return tok
+        return torch.cat([tok.double(), token_logprobs(logits, tok, self.top_logprobs).flatten()])
 
     def answer(self, values: list[float]) -> int:
         if self.in_prefill:
@@ -157,9 +210,7 @@ class NTPRow(Row):
             return 0
         tok = int(values[0])
         self.nfe += 1
-        start = len(self.out)
-        self.out.append(tok)
-        self.steps.append(self.nfe)
+        start = self._take([tok], values[1:])
         end = self._end(start, [tok])
         if end is not None:
             self._finish(end)
@@ -267,12 +318,12 @@ def best_draft_length(alpha: float, cost, longest: int) -> int:
     return best
 
 
-def accept_sampled(ntp_logits, draft, q_draft, temperature, gen):
+def accept_sampled(p, draft, q_draft, gen):
     """Speculative acceptance for one row: accepted length and the token at each position if drawn
     there: the draft token where accepted, the residual sample at the first rejection, a sample of p
-    after the last draft token. ntp_logits (n + 1, V), draft (n,), q_draft (n, V)."""
+    after the last draft token. p (n + 1, V) the target distributions after each causal position (the
+    next-token head's, processed and at the temperature), draft (n,), q_draft (n, V)."""
     n = draft.shape[0]
-    p = torch.softmax(ntp_logits.float() / temperature, dim=-1)
     tokens = torch.empty(n + 1, dtype=torch.long, device=draft.device)
     accepted = torch.zeros(1, dtype=torch.long, device=draft.device)
     if n:
@@ -368,16 +419,25 @@ class VerifyRow(Row):
         n = len(self.draft)
         ntp, masks = logits[: 1 + n], logits[1 + n :]
         masks[:, self.mask_id] = torch.finfo(masks.dtype).min  # never draft the mask token
-        if self.temperature > 0:
+        draft = None
+        if self.temperature > 0 or self.processing is not None:
             draft = torch.tensor(self.draft, dtype=torch.long, device=logits.device)
-            accepted, tokens = accept_sampled(ntp, draft, self.q_draft, self.temperature, self.gen)
+        # the verifying head: at position j the penalties count the draft tokens before j
+        target = ntp if self.processing is None else self._next_token_logits(ntp, draft)
+        if self.temperature > 0:
+            p = target_probs(target, self.temperature, self.processing.top_p if self.processing else 1.0)
+            accepted, tokens = accept_sampled(p, draft, self.q_draft, self.gen)
             # the next draft, used only if every draft token stands (positions 2.. of the masks)
             self.q_next = torch.softmax(masks[1:].float() / self.temperature, dim=-1)
             nxt = torch.multinomial(self.q_next, 1, generator=self.gen).squeeze(-1) if len(self.q_next) else tokens[:0]
-            return torch.cat([accepted.double(), tokens.double(), nxt.double()])
-        if self.eb_gamma is not None:
-            return torch.cat([ntp.argmax(-1).double()] + self._mask_values(masks))
-        return torch.cat([ntp.argmax(-1).double(), masks[1:].argmax(-1).double()])
+            parts = [accepted.double(), tokens.double(), nxt.double()]
+        else:
+            tokens = target.argmax(-1)
+            parts = [tokens.double()]
+            parts += self._mask_values(masks) if self.eb_gamma is not None else [masks[1:].argmax(-1).double()]
+        if self.logprobs is not None:  # for every position: the token kept there, if it is kept
+            parts.append(token_logprobs(ntp, tokens, self.top_logprobs).flatten())
+        return torch.cat(parts)
 
     def _reveal(self, values: list[float]) -> None:
         """One EB step on the block being refined; done when nothing is masked."""
@@ -399,6 +459,8 @@ class VerifyRow(Row):
             self._reveal(values)
             return 0
         n, k = len(self.draft), self.block_size
+        lp = (n + 1) * self._logprob_width()
+        values, lp_values = (values[:-lp], values[-lp:]) if lp else (values, [])
         if self.temperature > 0:
             a = int(values[0])
             tokens = [int(v) for v in values[1 : n + 2]]
@@ -421,9 +483,7 @@ class VerifyRow(Row):
                 d = 1  # a probe: masks now, a one-token draft verified in the next forward
             self.n_masks = d + 1 if d else 0
         new = tokens[: a + 1]  # draft tokens kept (they equal NTP's) + NTP's next token
-        start = len(self.out)
-        self.out += new
-        self.steps += [self.nfe] * len(new)
+        start = self._take(new, lp_values)
         end = self._end(start, new)
         if end is not None:
             self._finish(end)
@@ -448,11 +508,18 @@ class VerifyRow(Row):
 
 def make_row(method: str, prompt: list[int], *, mask_id: int | None, block_size: int = 16, gamma: float = 0.35,
              proxy: str = "entropy", draft: str = "block", fixed: int | None = None,
-             cost=None, lookup: bool = False, **common) -> Row:
+             cost=None, lookup: bool = False, processing: Processing | None = None, **common) -> Row:
     """A row for `method` ("ntp", "sbd", "sbd-verify"); draft "block", "eb" or "adaptive" (with `cost`,
     width → relative forward time); lookup (sbd-verify, greedy): drafts from prompt lookup when it finds
-    a match; `common`: max_new, eos, stop, tokenizer, temperature, seed, device. Arguments are
-    validated by the caller (`generate`, the server)."""
+    a match; processing: logit_bias, penalties, top_p and logprobs of the next-token head (ntp and
+    sbd-verify; validate it with `processing.validate(vocab_size)` first); `common`: max_new, eos, stop,
+    tokenizer, temperature, seed, device. Other arguments are validated by the caller (`generate`, the
+    server)."""
+    if processing is not None and not processing.is_default:
+        if method not in ("ntp", "sbd-verify"):
+            raise SBDError(f"logit_bias, penalties, top_p and logprobs apply to method='ntp' or 'sbd-verify' "
+                           f"(the next-token head); method={method!r} reveals tokens with the masked head")
+        common["processing"] = processing
     if method == "ntp":
         return NTPRow(prompt, **common)
     if method == "sbd-verify":
