@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from ..errors import SBDError
 from .args import gamma_value as _gamma
 from .args import positive_int as _positive
@@ -12,9 +14,10 @@ def add_serve_parser(sub) -> None:
                        description="Serve --model over HTTP: POST /v1/completions and /v1/chat/completions "
                                    "(stream with \"stream\": true), GET /v1/models, /health, /metrics. Requests are "
                                    "decoded together, each at its own pace (continuous batching). A request may set "
-                                   "method, block_size, gamma, proxy, draft, max_tokens, temperature, seed, stop; what it "
-                                   "leaves out takes the defaults below (greedy sbd-verify: the model's own answers). "
-                                   "Ctrl-C finishes the running requests, then stops. Needs the serve extra: "
+                                   "method, block_size, gamma, proxy, draft, lookup and OpenAI's parameters "
+                                   "(docs/serving.md); what it leaves out takes the defaults below (greedy "
+                                   "sbd-verify: the model's own answers). Ctrl-C finishes the running requests, "
+                                   "then stops; a second Ctrl-C fails them and stops at once. Needs the serve extra: "
                                    "pip install 'sbd-lm[serve]'.")
     p.add_argument("--model", required=True, help="model folder, demo, or smollm2 (with its shipped adapter)")
     p.add_argument("--adapter", default=None, help="drafting adapter folder to attach to --model")
@@ -40,54 +43,73 @@ def add_serve_parser(sub) -> None:
                    help="largest max_tokens a request may ask (default: 1024)")
     p.add_argument("--prefill", default="separate", choices=["separate", "mixed"],
                    help="newcomers' prompts in a forward of their own, or inside the shared one (default: separate)")
+    p.add_argument("--lookup", action="store_true",
+                   help="default for greedy sbd-verify requests: draft from an earlier occurrence of the last "
+                        "tokens when there is one (a request may set \"lookup\")")
+    p.add_argument("--max-body-bytes", type=_positive, default=1 << 20,
+                   help="largest request body; larger ones get HTTP 413 before they are read (default: 1 MiB)")
+    p.add_argument("--max-prompt-tokens", type=_positive, default=None,
+                   help="longest prompt in tokens; longer ones get HTTP 400 (default: --max-model-len - 1)")
+    p.add_argument("--api-key", default=None,
+                   help="require Authorization: Bearer KEY on every route but /health (default: the environment "
+                        "variable SBD_API_KEY; none: open to anyone who can reach the port)")
     p.add_argument("--threads", type=_positive, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
     p.add_argument("--replicas", type=_positive, default=None,
                    help="run on Ray Serve with this many replicas, each with its own engine (needs ray[serve])")
 
 
-def server_config(args, model):
-    from ..decoding.generate import context_limit
-    from ..serving.app import ServerConfig
-    from ..serving.protocol import Limits
+def config_from_args(args, model):
+    """The server's configuration from `sbd serve`'s options."""
+    from ..serving.config import server_config
 
-    limit = context_limit(model) or 2048
-    length = args.max_model_len or min(2048, limit)
-    if length > limit:
-        raise SBDError(f"--max-model-len {length} exceeds the model's context of {limit}")
-    if args.max_tokens > args.max_tokens_limit:
-        raise SBDError("--max-tokens exceeds --max-tokens-limit")
-    limits = Limits(method=args.method, draft=args.draft, block_size=args.block_size, gamma=args.gamma,
-                    max_tokens=args.max_tokens,
-                    max_tokens_limit=args.max_tokens_limit)
-    name = args.served_name or str(args.model).rstrip("/").rsplit("/", 1)[-1]
-    return ServerConfig(model_name=name, max_batch=args.max_batch, max_queue=args.max_queue, max_model_len=length,
-                        prefill=args.prefill, limits=limits)
+    return server_config(model, model_path=args.model, served_name=args.served_name, max_batch=args.max_batch,
+                         max_queue=args.max_queue, max_model_len=args.max_model_len, prefill=args.prefill,
+                         method=args.method, draft=args.draft, block_size=args.block_size, gamma=args.gamma,
+                         lookup=args.lookup, max_tokens=args.max_tokens, max_tokens_limit=args.max_tokens_limit,
+                         max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens,
+                         api_key=_api_key(args))
+
+
+def _api_key(args) -> str | None:
+    return args.api_key if args.api_key is not None else os.environ.get("SBD_API_KEY")
 
 
 def cmd_serve(args) -> None:
     try:
         import fastapi  # noqa: F401
-        import uvicorn
+        import uvicorn  # noqa: F401
     except ImportError:
         raise SBDError("sbd serve needs the serve extra: pip install 'sbd-lm[serve]' (fastapi, uvicorn, "
                        "prometheus-client)") from None
     import torch
 
     from ..models.loading import load
+    from ..serving.runner import bind, run, warn_if_open
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    sock = bind(args.host, args.port)  # a busy port fails here, before the model loads
     if args.replicas:
         from ..serving.ray_app import run_ray
 
-        run_ray(args)
+        sock.close()  # Ray's proxy binds it itself
+        model, _ = load(args.model, adapter=args.adapter, device=args.device)  # for its context length
+        config = config_from_args(args, model)
+        del model
+        warn_if_open(args.host, config.api_key)
+        run_ray(args.model, config, adapter=args.adapter, device=args.device, host=args.host, port=args.port,
+                threads=args.threads or 1, replicas=args.replicas)
         return
-    model, tokenizer = load(args.model, adapter=args.adapter, device=args.device)
-    config = server_config(args, model)
-    from ..serving.app import create_app
+    try:
+        model, tokenizer = load(args.model, adapter=args.adapter, device=args.device)
+        config = config_from_args(args, model)
+        from ..serving.app import create_app
 
-    app = create_app(model, tokenizer, config)
-    print(f"serving {config.model_name!r} on http://{args.host}:{args.port}/v1 ({config.max_batch} rows, "
-          f"default method {config.limits.method}); Ctrl-C stops", flush=True)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        app = create_app(model, tokenizer, config)
+        warn_if_open(args.host, config.api_key)
+        run(app, sock, f"serving {config.model_name!r} on http://{args.host}:{args.port}/v1 ({config.max_batch} "
+                       f"rows, default method {config.limits.method}"
+                       f"{', API key required' if config.api_key else ''}); Ctrl-C stops")
+    finally:
+        sock.close()

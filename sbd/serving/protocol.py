@@ -1,80 +1,85 @@
-"""The OpenAI API shapes the server speaks: request bodies checked into `Options`, responses and errors.
+"""The request bodies the server accepts, checked into `Options`: every OpenAI field is honoured or refused
+with a 400 that names it, and fields OpenAI does not know are refused as OpenAI refuses them.
 
-Request fields follow OpenAI's completions and chat completions; sbd adds `method`, `block_size`,
-`gamma`, `proxy` and `draft`. Two deliberate differences: `temperature` defaults to 0 and `method` to
-sbd-verify, so a client that asks nothing gets the model's own greedy answer; `n` must be 1.
+sbd adds `method`, `block_size`, `gamma`, `proxy`, `draft` and `lookup`. Two deliberate differences from
+OpenAI: `temperature` defaults to 0 and `method` to sbd-verify, so a client that asks nothing gets the
+model's own greedy answer. docs/serving.md lists every field.
 """
 
 from __future__ import annotations
 
 import math
-import time
-import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
+
+from .config import Limits
+from .errors import APIError
 
 METHODS = ("sbd-verify", "sbd", "ntp")
+ROLES = ("system", "developer", "user", "assistant")
+INT64 = (-(1 << 63), (1 << 63) - 1)
+MAX_STOP_CHARS = 256
+MAX_LOGIT_BIAS = 1024
 
 
-class APIError(Exception):
-    """An error returned to the client as OpenAI's {"error": {...}} body with an HTTP status."""
-
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class DecodingFields(BaseModel):
+class StreamOptions(_Strict):
+    include_usage: bool | None = None  # usage rides on the last chunk either way
+
+
+class DecodingFields(_Strict):
     """Fields shared by both endpoints (None: the server's default)."""
 
-    model_config = ConfigDict(extra="ignore")
-
     model: str | None = None
-    max_tokens: int | None = Field(default=None)
-    max_completion_tokens: int | None = None
+    max_tokens: int | None = None
     temperature: float | None = None
+    top_p: float | None = None
     seed: int | None = None
-    stop: str | list[str] | None = None
-    stream: bool = False
-    n: int = 1
-    logprobs: object | None = None
+    stop: Any = None  # a string or up to 4 strings
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    n: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None  # an end-user id for the caller's own records; nothing to do here
     method: str | None = None
     block_size: int | None = None
     gamma: float | None = None
     proxy: str | None = None
     draft: str | None = None
+    lookup: bool | None = None
 
 
 class CompletionRequest(DecodingFields):
-    prompt: str | list[int] | list[str]
+    prompt: Any = None  # a string, a list of one string, or token ids
+    echo: bool | None = None
+    logprobs: int | None = None
+    best_of: int | None = None
+    suffix: str | None = None
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class ChatMessage(_Strict):
     role: str
-    content: str
+    content: Any = None  # a string or a list of {"type": "text", "text": ...} parts
 
 
 class ChatRequest(DecodingFields):
     messages: list[ChatMessage]
-
-
-@dataclass
-class Limits:
-    """Server-side defaults and limits for what a request may ask."""
-
-    method: str = "sbd-verify"
-    draft: str = "adaptive"
-    block_size: int | None = None  # None: the model's (an adapter's trained size, else 16)
-    gamma: float = 0.35
-    max_tokens: int = 256
-    max_tokens_limit: int = 1024
-    block_size_limit: int = 32
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    response_format: Any = None
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    functions: Any = None
+    function_call: Any = None
 
 
 @dataclass
@@ -91,79 +96,203 @@ class Options:
     seed: int | None
     stop: list[str] = field(default_factory=list)
     stream: bool = False
+    n: int = 1
+    lookup: bool = False
+    logprobs: int | None = None  # alternatives per token (None: no logprobs)
+    echo: bool = False
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    top_p: float = 1.0
+
+    @property
+    def processing(self) -> dict:
+        """What the logit processors get (the library's `Processing` fields)."""
+        return {"logit_bias": dict(self.logit_bias), "presence_penalty": self.presence_penalty,
+                "frequency_penalty": self.frequency_penalty, "top_p": self.top_p, "logprobs": self.logprobs}
 
 
-def _bad(message: str, param: str | None = None) -> APIError:
-    return APIError(400, message, param=param)
+def bad(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
 
 
-def options(req: DecodingFields, limits: Limits, default_block: int) -> Options:
+def text(value: str, param: str) -> str:
+    """`value` if it can be encoded as UTF-8 (JSON may carry lone surrogates, which cannot)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise bad(f"{param} is not valid Unicode text (a lone surrogate?)", param) from None
+    return value
+
+
+def _number(value, param: str, low: float, high: float, default: float) -> float:
+    if value is None:
+        return default
+    if not math.isfinite(value) or not low <= value <= high:
+        raise bad(f"{param} must be between {low:g} and {high:g}", param)
+    return float(value)
+
+
+def _refuse_openai_extras(req) -> None:
+    """OpenAI fields this server cannot honour: their no-op values pass, anything else is a 400."""
+    if isinstance(req, CompletionRequest):
+        if req.best_of not in (None, 1):
+            raise bad("best_of is not supported (only 1): ask for n choices instead", "best_of")
+        if req.suffix not in (None, ""):
+            raise bad("suffix (insertion) is not supported", "suffix")
+        return
+    fmt = req.response_format
+    if fmt is not None and fmt != {"type": "text"}:
+        raise bad("response_format is not supported; only {\"type\": \"text\"} (constrained JSON output is not "
+                  "implemented)", "response_format")
+    for name, allowed in (("tools", (None,)), ("tool_choice", (None, "none")), ("parallel_tool_calls", (None,)),
+                          ("functions", (None,)), ("function_call", (None, "none"))):
+        if getattr(req, name) not in allowed:
+            raise bad(f"{name} is not supported: this server does not call tools", name)
+
+
+def stop_strings(value) -> list[str]:
+    stop = [value] if isinstance(value, str) else value if value is not None else []
+    if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
+        raise bad("stop is a string or up to 4 non-empty strings", "stop")
+    if any(len(s) > MAX_STOP_CHARS for s in stop):
+        raise bad(f"a stop string is longer than {MAX_STOP_CHARS} characters", "stop")
+    return [text(s, "stop") for s in stop]
+
+
+def _logit_bias(value: dict[str, float] | None, vocab: int, mask_id: int | None) -> dict[int, float]:
+    if not value:
+        return {}
+    if len(value) > MAX_LOGIT_BIAS:
+        raise bad(f"logit_bias holds at most {MAX_LOGIT_BIAS} tokens", "logit_bias")
+    out = {}
+    for key, bias in value.items():
+        if not (key.isascii() and key.isdigit()) or not 0 <= int(key) < vocab:
+            raise bad(f"logit_bias key {key!r} is not a token id of this model (0..{vocab - 1})", "logit_bias")
+        if int(key) == mask_id:
+            raise bad(f"logit_bias: token {key} is the SBD mask token, reserved for decoding", "logit_bias")
+        if not math.isfinite(bias) or not -100 <= bias <= 100:
+            raise bad("logit_bias values must be between -100 and 100", "logit_bias")
+        out[int(key)] = float(bias)
+    return out
+
+
+def _logprobs(req) -> tuple[int | None, bool]:
+    """(alternatives per token or None, echo) for either endpoint."""
+    if isinstance(req, CompletionRequest):
+        if req.logprobs is not None and not 0 <= req.logprobs <= 5:
+            raise bad("logprobs must be between 0 and 5", "logprobs")
+        if req.echo and req.logprobs is not None:
+            raise bad("echo with logprobs is not supported (the prompt's own logprobs are not computed)", "echo")
+        return req.logprobs, bool(req.echo)
+    if req.top_logprobs is not None:
+        if not 0 <= req.top_logprobs <= 20:
+            raise bad("top_logprobs must be between 0 and 20", "top_logprobs")
+        if not req.logprobs:
+            raise bad("top_logprobs needs logprobs: true", "top_logprobs")
+    return (req.top_logprobs or 0) if req.logprobs else None, False
+
+
+def options(req: DecodingFields, limits: Limits, default_block: int, vocab: int,
+            mask_id: int | None = None) -> Options:
     """Defaults filled in and every value checked; an APIError (400) names the first bad field."""
-    if req.n != 1:
-        raise _bad("only n=1 is supported", "n")
-    if req.logprobs not in (None, False, 0):
-        raise _bad("logprobs are not supported", "logprobs")
+    _refuse_openai_extras(req)
+    n = 1 if req.n is None else req.n
+    if not 1 <= n <= limits.n_limit:
+        raise bad(f"n must be between 1 and {limits.n_limit}", "n")
     method = req.method or limits.method
     if method not in METHODS:
-        raise _bad(f"method must be one of {', '.join(METHODS)}", "method")
+        raise bad(f"method must be one of {', '.join(METHODS)}", "method")
     block = req.block_size if req.block_size is not None else (limits.block_size or default_block)
     if not 1 <= block <= limits.block_size_limit:
-        raise _bad(f"block_size must be between 1 and {limits.block_size_limit}", "block_size")
+        raise bad(f"block_size must be between 1 and {limits.block_size_limit}", "block_size")
     gamma = limits.gamma if req.gamma is None else req.gamma
     if math.isnan(gamma) or gamma < 0:
-        raise _bad("gamma must be a number >= 0", "gamma")
+        raise bad("gamma must be a number >= 0", "gamma")
     proxy = req.proxy or "entropy"
     if proxy not in ("entropy", "confidence", "margin"):
-        raise _bad("proxy must be entropy, confidence or margin", "proxy")
+        raise bad("proxy must be entropy, confidence or margin", "proxy")
+    temperature = _number(req.temperature, "temperature", 0, 2, 0.0)
     # the server's default draft is sbd-verify's, and greedy only when adaptive (with sampling, timed draft
     # lengths would make a seed stop reproducing the sample)
-    temperature = 0.0 if req.temperature is None else req.temperature
     default = limits.draft if method == "sbd-verify" else "block"
     draft = req.draft or (default if not (default == "adaptive" and temperature > 0) else "block")
     if draft not in ("block", "eb", "adaptive") or (draft != "block" and method != "sbd-verify"):
-        raise _bad("draft is block, eb or adaptive, and eb and adaptive apply to method sbd-verify only", "draft")
-    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        raise bad("draft is block, eb or adaptive, and eb and adaptive apply to method sbd-verify only", "draft")
+    if draft in ("eb", "adaptive") and temperature > 0:
+        raise bad(f"draft {draft} is greedy only (temperature 0)", "draft")
+    lookup_fits = method == "sbd-verify" and temperature == 0 and draft != "eb"
+    if req.lookup and not lookup_fits:
+        raise bad("lookup applies to method sbd-verify, greedy (temperature 0), draft block or adaptive", "lookup")
+    lookup = req.lookup if req.lookup is not None else (limits.lookup and lookup_fits)
+    max_tokens = req.max_tokens
+    if isinstance(req, ChatRequest) and req.max_completion_tokens is not None:
+        if max_tokens is not None and max_tokens != req.max_completion_tokens:
+            raise bad("max_tokens and max_completion_tokens differ; give one", "max_completion_tokens")
+        max_tokens = req.max_completion_tokens
     max_tokens = limits.max_tokens if max_tokens is None else max_tokens
     if not 1 <= max_tokens <= limits.max_tokens_limit:
-        raise _bad(f"max_tokens must be between 1 and {limits.max_tokens_limit}", "max_tokens")
-    if math.isnan(temperature) or not 0 <= temperature <= 2:
-        raise _bad("temperature must be between 0 and 2", "temperature")
-    if draft in ("eb", "adaptive") and temperature > 0:
-        raise _bad(f"draft {draft} is greedy only (temperature 0)", "draft")
-    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    if len(stop) > 4 or not all(stop):
-        raise _bad("stop is up to 4 non-empty strings", "stop")
-    return Options(method, block, float(gamma), proxy, draft, max_tokens, float(temperature), req.seed, stop,
-                   req.stream)
+        raise bad(f"max_tokens must be between 1 and {limits.max_tokens_limit}", "max_tokens")
+    if req.seed is not None and not INT64[0] <= req.seed <= INT64[1] - (n - 1):
+        raise bad("seed must be a 64-bit signed integer (with n choices, seed + n - 1 too)", "seed")
+    logprobs, echo = _logprobs(req)
+    top_p = _number(req.top_p, "top_p", 0, 1, 1.0)
+    if top_p == 0:
+        raise bad("top_p must be greater than 0 (and at most 1)", "top_p")
+    chosen = Options(method, block, float(gamma), proxy, draft, max_tokens, temperature, req.seed,
+                     stop_strings(req.stop), bool(req.stream), n=n, lookup=bool(lookup), logprobs=logprobs,
+                     echo=echo, logit_bias=_logit_bias(req.logit_bias, vocab, mask_id),
+                     presence_penalty=_number(req.presence_penalty, "presence_penalty", -2, 2, 0.0),
+                     frequency_penalty=_number(req.frequency_penalty, "frequency_penalty", -2, 2, 0.0), top_p=top_p)
+    if method == "sbd":  # the processors act on the next-token head, which method sbd does not decode with
+        for name, default in (("logit_bias", {}), ("presence_penalty", 0.0), ("frequency_penalty", 0.0),
+                              ("top_p", 1.0), ("logprobs", None)):
+            if getattr(chosen, name) != default:
+                raise bad(f"{name} applies to methods ntp and sbd-verify (the next-token head); method sbd "
+                          "reveals tokens with the masked head", name)
+    return chosen
 
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+def prompt_of(req: CompletionRequest) -> str | list[int]:
+    """The prompt as one string or one list of token ids."""
+    prompt = req.prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
+        if len(prompt) != 1:
+            raise bad("one prompt per request (a list of one string, or token ids); ask for n choices with n",
+                      "prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad("the prompt is empty", "prompt")
+        return text(prompt, "prompt")
+    if isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if not prompt:
+            raise bad("the prompt is empty", "prompt")
+        return prompt
+    raise bad("prompt is a string, a list of one string, or a list of token ids", "prompt")
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
-
-
-def completion_body(rid: str, model: str, text: str, reason: str, use: dict, stats: dict) -> dict:
-    return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": text, "finish_reason": reason, "logprobs": None}],
-            "usage": use, "sbd": stats}
-
-
-def completion_chunk(rid: str, model: str, text: str, reason: str | None) -> dict:
-    return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": text, "finish_reason": reason, "logprobs": None}]}
-
-
-def chat_body(rid: str, model: str, text: str, reason: str, use: dict, stats: dict) -> dict:
-    return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason,
-                         "logprobs": None}],
-            "usage": use, "sbd": stats}
-
-
-def chat_chunk(rid: str, model: str, delta: dict, reason: str | None) -> dict:
-    return {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}]}
+def messages_of(req: ChatRequest) -> list[dict]:
+    """The conversation for the chat template: roles checked (developer is system), text parts joined."""
+    if not req.messages:
+        raise bad("messages is empty", "messages")
+    out = []
+    for i, m in enumerate(req.messages):
+        where = f"messages[{i}]"
+        if m.role not in ROLES:
+            raise bad(f"{where}.role must be one of {', '.join(ROLES)}; got {m.role!r}", f"{where}.role")
+        content = m.content
+        if isinstance(content, list):
+            parts = []
+            for j, part in enumerate(content):
+                if not (isinstance(part, dict) and part.get("type") == "text" and set(part) == {"type", "text"}
+                        and isinstance(part["text"], str)):
+                    raise bad(f"{where}.content[{j}]: only text parts ({{\"type\": \"text\", \"text\": ...}}) are "
+                              "supported", f"{where}.content[{j}]")
+                parts.append(part["text"])
+            content = "\n".join(parts)
+        if not isinstance(content, str):
+            raise bad(f"{where}.content is a string or a list of text parts", f"{where}.content")
+        out.append({"role": "system" if m.role == "developer" else m.role,
+                    "content": text(content, f"{where}.content")})
+    return out

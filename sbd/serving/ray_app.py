@@ -21,7 +21,7 @@ def application(model: str, *, adapter: str | None = None, config=None, threads:
         from ray import serve
     except ImportError:
         raise SBDError('Ray Serve is not installed: pip install "ray[serve]"') from None
-    from .app import ServerConfig
+    from .config import ServerConfig
 
     config = config or ServerConfig()
     fields = asdict(config)
@@ -31,8 +31,8 @@ def application(model: str, *, adapter: str | None = None, config=None, threads:
         import torch
 
         from ..models.loading import load
-        from .app import ServerConfig, create_app
-        from .protocol import Limits
+        from .app import create_app
+        from .config import Limits, ServerConfig
 
         if threads:
             torch.set_num_threads(threads)
@@ -48,23 +48,18 @@ def application(model: str, *, adapter: str | None = None, config=None, threads:
     return replica.bind()
 
 
-def run_ray(args) -> None:
+def run_ray(model: str, config, *, adapter: str | None = None, device: str = "cpu", host: str = "127.0.0.1",
+            port: int = 8000, threads: int = 1, replicas: int = 1) -> None:
     """`sbd serve --replicas N`: start Ray locally, run the application, block until Ctrl-C."""
     try:
         import ray
         from ray import serve
     except ImportError:
         raise SBDError('sbd serve --replicas needs Ray Serve: pip install "ray[serve]"') from None
-    from ..cli.serve import server_config
-    from ..models.loading import load
 
-    model, _ = load(args.model, adapter=args.adapter, device=args.device)  # for its context length
-    config = server_config(args, model)
-    del model
     ray.init(include_dashboard=False)
-    serve.start(http_options={"host": args.host, "port": args.port})
-    app = application(args.model, adapter=args.adapter, config=config, threads=args.threads or 1,
-                      replicas=args.replicas, device=args.device)
-    print(f"serving {config.model_name!r} on http://{args.host}:{args.port}/v1 with {args.replicas} Ray Serve "
+    serve.start(http_options={"host": host, "port": port})
+    app = application(model, adapter=adapter, config=config, threads=threads, replicas=replicas, device=device)
+    print(f"serving {config.model_name!r} on http://{host}:{port}/v1 with {replicas} Ray Serve "
           "replicas; Ctrl-C stops", flush=True)
     serve.run(app, blocking=True)

@@ -3,7 +3,8 @@ row of one engine (continuous batching), and hands each request its tokens as th
 
 Requests wait in a bounded queue (full: 429) until a row is free; a request whose client left is
 taken out between two steps; an exception inside a step fails the requests of that step only and
-the engine starts afresh; `stop()` lets the running and waiting requests finish (drain) first.
+the engine starts afresh; `stop()` lets the running and waiting requests finish (drain) first, and
+`stop(abort=True)` fails them and ends after the step in flight (a second Ctrl-C).
 """
 
 from __future__ import annotations
@@ -19,18 +20,20 @@ import torch
 from ..decoding.engine import Engine
 from ..modes import eval_mode
 from .metrics import Metrics
-from .protocol import APIError
+from .errors import APIError
 
 log = logging.getLogger("sbd.serve")
 
 
 class Job:
-    """One request inside the worker: its row and the asyncio queue its handler reads events from:
-    ("tokens", [ids…]) as tokens become final, then ("done", None) or ("error", message)."""
+    """One row of a request inside the worker, and the asyncio queue its handler reads events from:
+    (index, "tokens", [ids…]) as tokens become final, then (index, "done", None) or (index, "error",
+    message). The n rows of one request share a queue; `index` tells them apart."""
 
-    def __init__(self, row, method: str, loop: asyncio.AbstractEventLoop):
-        self.row, self.method, self.loop = row, method, loop
-        self.events: asyncio.Queue = asyncio.Queue()
+    def __init__(self, row, method: str, loop: asyncio.AbstractEventLoop, events: asyncio.Queue | None = None,
+                 index: int = 0):
+        self.row, self.method, self.loop, self.index = row, method, loop, index
+        self.events: asyncio.Queue = events if events is not None else asyncio.Queue()
         self.cancelled = False
         self.arrived = time.perf_counter()
         self.first_token: float | None = None
@@ -38,7 +41,7 @@ class Job:
 
     def post(self, kind: str, payload=None) -> None:
         try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, payload))
+            self.loop.call_soon_threadsafe(self.events.put_nowait, (self.index, kind, payload))
         except RuntimeError:  # the event loop is gone (server shut down): nobody is listening
             pass
 
@@ -54,6 +57,7 @@ class Worker:
         self.jobs: dict[int, Job] = {}  # id(row) → job, for the rows in the engine
         self.cond = threading.Condition()
         self.stopping = False
+        self.aborting = False
         self.engine = self._new_engine()
         self.thread = threading.Thread(target=self._run, name="sbd-engine", daemon=True)
         self._window = [time.perf_counter(), 0]
@@ -64,19 +68,21 @@ class Worker:
     def start(self) -> None:
         self.thread.start()
 
-    def submit(self, job: Job) -> None:
-        """Queue a request; 429 when the queue is full, 503 while the server drains."""
-        if job.row.needs > self.capacity:
-            raise APIError(400, f"prompt ({len(job.row.prompt)} tokens) and max_tokens need {job.row.needs} "
-                                f"positions; this server holds {self.capacity} per request",
-                           code="context_length_exceeded")
+    def submit(self, *jobs: Job) -> None:
+        """Queue a request's rows, all or none; 429 when the queue has no room for them, 503 while the
+        server drains."""
+        for job in jobs:
+            if job.row.needs > self.capacity:
+                raise APIError(400, f"prompt ({len(job.row.prompt)} tokens) and max_tokens need {job.row.needs} "
+                                    f"positions; this server holds {self.capacity} per request",
+                               code="context_length_exceeded")
         with self.cond:
             if self.stopping:
                 raise APIError(503, "the server is shutting down", type_="server_error")
-            if len(self.pending) >= self.max_queue:
-                raise APIError(429, f"the queue is full ({self.max_queue} requests waiting); retry later",
+            if len(self.pending) + len(jobs) > self.max_queue:
+                raise APIError(429, f"the queue is full ({self.max_queue} rows waiting); retry later",
                                type_="rate_limit_error")
-            self.pending.append(job)
+            self.pending.extend(jobs)
             self.metrics.queue.set(len(self.pending))
             self.cond.notify()
 
@@ -86,12 +92,14 @@ class Worker:
         with self.cond:
             self.cond.notify()
 
-    def stop(self, timeout: float | None = None) -> None:
-        """Finish what is running and waiting, then end the thread."""
+    def stop(self, timeout: float | None = None, abort: bool = False) -> None:
+        """Finish what is running and waiting, then end the thread; `abort`: fail them instead, after the
+        step in flight."""
         with self.cond:
             self.stopping = True
+            self.aborting = self.aborting or abort
             self.cond.notify()
-        if self.thread.is_alive():
+        if self.thread.is_alive() and self.thread is not threading.current_thread():
             self.thread.join(timeout)
 
     # -- the thread ----------------------------------------------------------------------------------
@@ -101,6 +109,9 @@ class Worker:
                 with self.cond:
                     while not self.pending and not self.engine.live and not self.stopping:
                         self.cond.wait()
+                    if self.aborting:
+                        self._fail_all("the server is shutting down")
+                        return
                     if self.stopping and not self.pending and not self.engine.live:
                         return
                     self._admit()
@@ -117,6 +128,12 @@ class Worker:
             self.jobs[id(job.row)] = job
         self.metrics.queue.set(len(self.pending))
         self.metrics.running.set(self.engine.live)
+
+    def _fail_all(self, message: str) -> None:
+        for job in [*self.pending, *self.jobs.values()]:
+            job.post("error", message)
+        self.pending.clear()
+        self.jobs.clear()
 
     def _drop_cancelled(self) -> None:
         for job in [j for j in self.jobs.values() if j.cancelled]:

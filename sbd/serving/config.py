@@ -1,0 +1,74 @@
+"""How a server runs (`ServerConfig`), what a request may ask (`Limits`), and `server_config`, which builds
+both from the options of `sbd serve` and checks them against the model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..decoding.generate import context_limit
+from ..errors import SBDError
+
+MIB = 1 << 20
+
+
+@dataclass
+class Limits:
+    """Server-side defaults and limits for what a request may ask."""
+
+    method: str = "sbd-verify"
+    draft: str = "adaptive"
+    block_size: int | None = None  # None: the model's (an adapter's trained size, else 16)
+    gamma: float = 0.35
+    lookup: bool = False  # default for greedy sbd-verify requests that leave it out
+    max_tokens: int = 256
+    max_tokens_limit: int = 1024
+    block_size_limit: int = 32
+    n_limit: int = 16
+
+
+@dataclass
+class ServerConfig:
+    """How the server runs: the name clients use for the model, the engine's rows and queue, limits.
+
+    max_body_bytes: larger request bodies get 413 before they are read. max_prompt_tokens: longer prompts
+    get 400 (None: the request's whole length, `max_model_len` - 1). api_key: when set, every route but
+    /health needs `Authorization: Bearer <api_key>`.
+    """
+
+    model_name: str = "sbd"
+    max_batch: int = 8
+    max_queue: int = 64
+    max_model_len: int = 2048  # cache positions per request: prompt + max_tokens + scratch
+    prefill: str = "separate"
+    limits: Limits | None = None
+    max_body_bytes: int = MIB
+    max_prompt_tokens: int | None = None
+    api_key: str | None = None
+
+
+def server_config(model, *, model_path: str, served_name: str | None = None, max_batch: int = 8,
+                  max_queue: int = 64, max_model_len: int | None = None, prefill: str = "separate",
+                  method: str = "sbd-verify", draft: str = "adaptive", block_size: int | None = None,
+                  gamma: float = 0.35, lookup: bool = False, max_tokens: int = 256, max_tokens_limit: int = 1024,
+                  max_body_bytes: int = MIB, max_prompt_tokens: int | None = None,
+                  api_key: str | None = None) -> ServerConfig:
+    """The configuration `sbd serve` runs with; SBDError names the first option the model cannot honour."""
+    limit = context_limit(model) or 2048
+    length = max_model_len or min(2048, limit)
+    if length > limit:
+        raise SBDError(f"--max-model-len {length} exceeds the model's context of {limit}")
+    if max_tokens > max_tokens_limit:
+        raise SBDError("--max-tokens exceeds --max-tokens-limit")
+    if max_prompt_tokens is not None and max_prompt_tokens >= length:
+        raise SBDError(f"--max-prompt-tokens {max_prompt_tokens} leaves no room to generate within "
+                       f"--max-model-len {length}")
+    if lookup and method != "sbd-verify":
+        raise SBDError("--lookup applies to --method sbd-verify")
+    if api_key is not None and not api_key.strip():
+        raise SBDError("--api-key (or SBD_API_KEY) is empty")
+    limits = Limits(method=method, draft=draft, block_size=block_size, gamma=gamma, lookup=lookup,
+                    max_tokens=max_tokens, max_tokens_limit=max_tokens_limit)
+    name = served_name or str(model_path).rstrip("/").rsplit("/", 1)[-1]
+    return ServerConfig(model_name=name, max_batch=max_batch, max_queue=max_queue, max_model_len=length,
+                        prefill=prefill, limits=limits, max_body_bytes=max_body_bytes,
+                        max_prompt_tokens=max_prompt_tokens, api_key=api_key)

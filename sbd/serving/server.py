@@ -1,0 +1,111 @@
+"""What the endpoints share: the model, its tokenizer, the engine thread, and turning a checked request into
+rows. Tokenizing and chat templates run in a small thread pool, never on the event loop, so that a long
+prompt cannot hold up other requests or /health."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+from ..decoding.generate import apply_chat, check_prompt_ids, context_limit, default_block_size, default_eos_ids
+from ..decoding.processing import Processing
+from ..decoding.rows import make_row
+from ..decoding.width_cost import forward_costs
+from ..errors import SBDError
+from .config import Limits, ServerConfig
+from .errors import APIError
+from .metrics import Metrics
+from .protocol import Options
+from .worker import Job, Worker
+
+
+class Server:
+    """The model, its tokenizer and the worker; what the endpoints share."""
+
+    def __init__(self, model, tokenizer, config: ServerConfig):
+        self.model, self.tokenizer, self.config = model, tokenizer, config
+        self.limits = config.limits or Limits()
+        self.default_block = default_block_size(model)
+        self.eos = default_eos_ids(model, tokenizer)
+        self.mask_id = getattr(model.config, "sbd_mask_token_id", None)
+        self.vocab = model.get_input_embeddings().num_embeddings
+        self.device = model.get_input_embeddings().weight.device
+        self.metrics = Metrics()
+        # adaptive drafting trades acceptance against the cost of a wider forward, timed once here at the
+        # engine's full batch (the load the server is sized for)
+        self.forward_cost = forward_costs(model, batch=config.max_batch)
+        width = 2 * max(self.limits.block_size_limit, self.default_block) + 1
+        limit = context_limit(model)  # prompt + max_tokens never run past the model's positions
+        self.max_len = min(config.max_model_len, limit) if limit else config.max_model_len
+        self.max_prompt = min(config.max_prompt_tokens or self.max_len - 1, self.max_len - 1)
+        # no token covers more characters than the longest vocabulary entry, so a text longer than this
+        # cannot fit the prompt limit whatever the tokenizer does (x4: a normalizer may compose characters)
+        longest = max((len(k) for k in tokenizer.get_vocab()), default=1) if tokenizer is not None else 1
+        self.max_prompt_chars = 4 * longest * (self.max_prompt + 1)
+        self.pool = ThreadPoolExecutor(2, thread_name_prefix="sbd-tokenize")
+        self.worker = Worker(model, slots=config.max_batch, capacity=self.max_len + width, max_width=width,
+                             max_queue=config.max_queue, metrics=self.metrics, prefill=config.prefill)
+
+    def count(self, path: str, status: int) -> None:
+        """One answered request in the metrics (unknown paths under one label)."""
+        known = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+        self.metrics.requests.labels(path if path in known else "other", str(status)).inc()
+
+    async def _off_loop(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+
+    def check_chars(self, chars: int, param: str) -> None:
+        """Refuse a text that cannot fit the prompt limit before tokenizing it."""
+        if chars > self.max_prompt_chars:
+            raise APIError(400, f"the prompt has {chars} characters, more than this server's {self.max_prompt} "
+                                "tokens can hold", param=param, code="context_length_exceeded")
+
+    async def encode(self, prompt: str) -> list[int]:
+        if self.tokenizer is None:
+            raise APIError(400, "this model has no tokenizer; send token ids", param="prompt")
+        self.check_chars(len(prompt), "prompt")
+        return self.check_length(await self._off_loop(lambda: self.tokenizer(prompt).input_ids), "prompt")
+
+    async def encode_chat(self, messages: list[dict]) -> list[int]:
+        self.check_chars(sum(len(m["content"]) for m in messages), "messages")
+        try:
+            ids = await self._off_loop(apply_chat, self.tokenizer, messages)
+        except SBDError as e:
+            raise APIError(400, str(e), param="messages") from None
+        except Exception as e:  # a template that refuses the conversation (e.g. roles out of order)
+            raise APIError(400, f"the chat template refused these messages: {e}", param="messages") from None
+        return self.check_length(ids, "messages")
+
+    def check_length(self, ids: list[int], param: str) -> list[int]:
+        if len(ids) > self.max_prompt:
+            raise APIError(400, f"the prompt has {len(ids)} tokens; this server takes at most {self.max_prompt}",
+                           param=param, code="context_length_exceeded")
+        return ids
+
+    def jobs(self, prompt_ids: list[int], opts: Options) -> list[Job]:
+        """The request's n rows (with a seed, row i samples with seed + i, as `sbd.generate` does)."""
+        if opts.method != "ntp" and self.mask_id is None:
+            raise APIError(400, "this model has no SBD mask token; use method ntp", param="method")
+        if len(prompt_ids) + opts.max_tokens > self.max_len:
+            raise APIError(400, f"prompt ({len(prompt_ids)} tokens) + max_tokens ({opts.max_tokens}) exceeds "
+                                f"this server's {self.max_len} tokens per request", param="max_tokens",
+                           code="context_length_exceeded")
+        try:
+            check_prompt_ids(self.model, self.tokenizer, [prompt_ids])
+        except SBDError as e:
+            raise APIError(400, str(e), param="prompt") from None
+        processing = Processing(**opts.processing)
+        loop, events = asyncio.get_running_loop(), asyncio.Queue()
+        jobs = []
+        for i in range(opts.n):
+            seed = opts.seed + i if opts.seed is not None and opts.temperature > 0 else None
+            try:
+                row = make_row(opts.method, prompt_ids, mask_id=self.mask_id, block_size=opts.block_size,
+                               gamma=opts.gamma, proxy=opts.proxy, draft=opts.draft, max_new=opts.max_tokens,
+                               eos=self.eos, stop=opts.stop, tokenizer=self.tokenizer, temperature=opts.temperature,
+                               seed=seed, device=self.device, cost=self.forward_cost, lookup=opts.lookup,
+                               processing=processing)
+            except SBDError as e:  # a combination the decoder refuses
+                raise APIError(400, str(e), param="method") from None
+            jobs.append(Job(row, opts.method, loop, events=events, index=i))
+        return jobs
