@@ -134,6 +134,47 @@ def test_32_concurrent_clients_get_their_own_answers(demo, live):
         assert text == offline(demo, p, method=method, max_new_tokens=n, stop=stop, **extra).texts[0]
 
 
+@pytest.mark.parametrize("prefill", ["separate", "mixed"])
+def test_clients_hanging_up_mid_stream_leave_every_other_answer_intact(demo, prefill):
+    """48 clients at once on 8 rows; every third streams and hangs up after its first event, so rows leave
+    and others join between the same two steps. Every answer that completes equals offline."""
+    model, tokenizer = demo
+    server = LiveServer(create_app(model, tokenizer, ServerConfig(model_name="demo", max_batch=8, max_queue=64,
+                                                                  prefill=prefill)))
+    methods = [("sbd-verify", {}), ("ntp", {}), ("sbd", {"gamma": 0.35}), ("sbd-verify", {"draft": "block"})]
+    jobs = [(PROMPTS[i % len(PROMPTS)] + " " * (i % 4), *methods[i % len(methods)], 6 + 5 * i % 40, i % 3)
+            for i in range(48)]
+
+    def ask(job):
+        p, method, extra, n, kind = job  # kind 0: hangs up; 1: streams to the end; 2: one response
+        body = {"model": "demo", "prompt": p, "max_tokens": n, "method": method, "stream": kind != 2, **extra}
+        with httpx.Client(timeout=120) as h:
+            if kind == 2:
+                r = h.post(server.url + "/v1/completions", json=body)
+                assert r.status_code == 200, r.text
+                return r.json()["choices"][0]["text"]
+            text = ""
+            with h.stream("POST", server.url + "/v1/completions", json=body) as r:
+                assert r.status_code == 200
+                for line in r.iter_lines():
+                    if kind == 0:
+                        return None
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        text += json.loads(line[6:])["choices"][0]["text"]
+            return text
+
+    try:
+        with cf.ThreadPoolExecutor(48) as pool:
+            got = list(pool.map(ask, jobs))
+    finally:
+        server.stop()
+    completed = [(job, text) for job, text in zip(jobs, got) if text is not None]
+    assert len(completed) == 32
+    wrong = [job[0] for job, text in completed
+             if text != offline(demo, job[0], method=job[1], max_new_tokens=job[3], **job[2]).texts[0]]
+    assert not wrong, f"{len(wrong)} of {len(completed)} answers differ from offline"
+
+
 def test_a_client_that_disconnects_frees_its_row(live, client):
     body = {"model": "demo", "prompt": PROMPTS[0], "max_tokens": 200, "stream": True, "method": "ntp"}
     with httpx.Client(timeout=60) as h:
