@@ -11,8 +11,8 @@ cd "$ROOT"
 WORK=${WORK:-runs/campaign}
 BATCH=${BATCH:-16}
 mkdir -p "$WORK"
-# the prompts are made again, identically, from their seeds (the sidecar's hash checks that)
-[ -f "$WORK/prompts.jsonl" ] || python benchmarks/smollm2/campaign/prompts.py --out "$WORK/prompts.jsonl"
+# the prompts as committed (prompts.py made them; the sidecar's hash checks they are the same)
+[ -f "$WORK/prompts.jsonl" ] || gunzip -c benchmarks/smollm2/data/campaign/prompts.jsonl.gz > "$WORK/prompts.jsonl"
 # on a new machine, the answers committed so far come back first
 if [ ! -f "$WORK/distill.jsonl" ] && ls benchmarks/smollm2/data/campaign/shard-*.jsonl.gz >/dev/null 2>&1; then
   python benchmarks/smollm2/campaign/pack.py unpack --work "$WORK"
