@@ -143,3 +143,36 @@ def test_tokenizing_does_not_hold_up_other_requests(guarded):
         tok.release.set()
         t.join(60)
     assert result["r"].status_code == 200
+
+
+def test_parsing_a_body_does_not_hold_up_other_requests(demo, monkeypatch):  # noqa: F811
+    """A large JSON body is parsed and validated off the event loop: while one is being parsed (here: held
+    on purpose), /health and other requests still answer."""
+    from sbd.serving import protocol as P
+
+    entered, release = threading.Event(), threading.Event()
+    validate = P.CompletionRequest.model_validate.__func__
+
+    def slow(cls, obj, *a, **kw):
+        if isinstance(obj, dict) and obj.get("prompt") == "PARSE-SLOWLY":
+            entered.set()
+            assert release.wait(60)
+        return validate(cls, obj, *a, **kw)
+
+    monkeypatch.setattr(P.CompletionRequest, "model_validate", classmethod(slow))
+    model, tokenizer = demo
+    server = LiveServer(create_app(model, tokenizer, ServerConfig(model_name="demo")))
+    result = {}
+    t = threading.Thread(target=lambda: result.update(r=httpx.post(
+        server.url + "/v1/completions", json={"prompt": "PARSE-SLOWLY", "max_tokens": 2}, timeout=60)))
+    t.start()
+    try:
+        assert entered.wait(30)
+        assert httpx.get(server.url + "/health", timeout=10).json()["status"] == "ok"
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=30)
+        assert r.status_code == 200
+    finally:
+        release.set()
+        t.join(60)
+        server.stop()
+    assert result["r"].status_code == 200

@@ -9,15 +9,17 @@ of one engine (`sbd.serving.worker`), and a row's tokens never depend on its nei
 from __future__ import annotations
 
 import asyncio
+import json
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
+from pydantic import ValidationError
 
 from . import errors
 from . import protocol as P
 from .config import ServerConfig
-from .errors import APIError
+from .errors import APIError, validation_error
 from .guards import APIKey, BodyLimit
 from .memory import Releaser
 from .replies import answer
@@ -67,8 +69,23 @@ def create_app(model, tokenizer, config: ServerConfig | None = None) -> FastAPI:
         check_model(body.model)
         return P.options(body, server.limits, server.default_block, server.vocab, server.mask_id)
 
+    async def parsed(request: Request, kind):
+        """The body as `kind`, parsed and validated in the tokenizing pool: a large JSON body never holds
+        up the event loop (and with it /health and every other client)."""
+        raw = await request.body()
+        if not raw.strip():
+            raise APIError(400, "the body is empty; send a JSON object")
+        try:
+            return await server._off_loop(lambda: kind.model_validate(json.loads(raw)))
+        except ValueError as e:  # json.loads keeps lone surrogates, so the protocol can name their field
+            if not isinstance(e, ValidationError):
+                raise APIError(400, "the body is not valid JSON") from None
+            # the same 400 as FastAPI's own parsing gave, the field named as "body.…"
+            raise validation_error([{**err, "loc": ("body", *err["loc"])} for err in e.errors()]) from None
+
     @app.post("/v1/completions")
-    async def completions(body: P.CompletionRequest, request: Request):
+    async def completions(request: Request):
+        body = await parsed(request, P.CompletionRequest)
         opts = checked(body)
         prompt = P.prompt_of(body)
         ids = await server.encode(prompt) if isinstance(prompt, str) else server.check_length(prompt, "prompt")
@@ -80,7 +97,8 @@ def create_app(model, tokenizer, config: ServerConfig | None = None) -> FastAPI:
         return await answer(server, request, "/v1/completions", ids, opts, chat=False, echo=echo)
 
     @app.post("/v1/chat/completions")
-    async def chat(body: P.ChatRequest, request: Request):
+    async def chat(request: Request):
+        body = await parsed(request, P.ChatRequest)
         opts = checked(body)
         ids = await server.encode_chat(P.messages_of(body))
         del body

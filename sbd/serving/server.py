@@ -52,6 +52,7 @@ class Server:
         self.metrics.requests.labels(path if path in known else "other", str(status)).inc()
 
     async def _off_loop(self, fn, *args):
+        """Run `fn` in the small thread pool (tokenizing, chat templates, parsing large bodies)."""
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
     def check_chars(self, chars: int, param: str) -> None:
