@@ -216,6 +216,9 @@ def test_malformed_requests_get_openai_shaped_errors(live, body, status, param):
 def test_invalid_json_and_bad_chat_messages(live, client):
     r = httpx.post(live.url + "/v1/completions", content=b"{bad", headers={"content-type": "application/json"})
     assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    deep = b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"  # a parser's recursion limit, not a 500
+    r = httpx.post(live.url + "/v1/completions", content=deep, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="demo", messages=[], max_tokens=4)
 

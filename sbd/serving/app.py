@@ -77,6 +77,8 @@ def create_app(model, tokenizer, config: ServerConfig | None = None) -> FastAPI:
             raise APIError(400, "the body is empty; send a JSON object")
         try:
             return await server._off_loop(lambda: kind.model_validate(json.loads(raw)))
+        except RecursionError:
+            raise APIError(400, "the body is not valid JSON (nested too deeply)") from None
         except ValueError as e:  # json.loads keeps lone surrogates, so the protocol can name their field
             if not isinstance(e, ValidationError):
                 raise APIError(400, "the body is not valid JSON") from None
