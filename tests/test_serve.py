@@ -101,6 +101,25 @@ def test_sampling_with_a_seed_equals_offline(demo, client):
     assert got.choices[0].text == offline(demo, PROMPTS[0], max_new_tokens=20, temperature=0.8, seed=11).texts[0]
 
 
+def complete(url: str, body: dict, hang_up: bool = False) -> str | None:
+    """One completions request over raw HTTP: the whole text, streamed or not as `body` says; with
+    `hang_up`, the client closes the stream after its first event and gets None."""
+    with httpx.Client(timeout=120) as h:
+        if not body.get("stream"):
+            r = h.post(url + "/v1/completions", json=body)
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["text"]
+        text = ""
+        with h.stream("POST", url + "/v1/completions", json=body) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if hang_up:
+                    return None
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    text += json.loads(line[6:])["choices"][0]["text"]
+        return text
+
+
 def test_32_concurrent_clients_get_their_own_answers(demo, live):
     """Different prompts, lengths, methods and stop strings at once: nothing lost or mixed up."""
     methods = [("sbd-verify", {}), ("ntp", {}), ("sbd", {"gamma": 0.35}), ("sbd", {"gamma": 0.0}),
@@ -114,19 +133,8 @@ def test_32_concurrent_clients_get_their_own_answers(demo, live):
 
     def ask(job):
         p, method, extra, n, stop, stream = job
-        body = {"model": "demo", "prompt": p, "max_tokens": n, "method": method, "stop": stop, "stream": stream, **extra}
-        with httpx.Client(timeout=120) as h:
-            if not stream:
-                r = h.post(live.url + "/v1/completions", json=body)
-                assert r.status_code == 200, r.text
-                return r.json()["choices"][0]["text"]
-            text = ""
-            with h.stream("POST", live.url + "/v1/completions", json=body) as r:
-                assert r.status_code == 200
-                for line in r.iter_lines():
-                    if line.startswith("data: ") and line != "data: [DONE]":
-                        text += json.loads(line[6:])["choices"][0]["text"]
-            return text
+        return complete(live.url, {"model": "demo", "prompt": p, "max_tokens": n, "method": method, "stop": stop,
+                                   "stream": stream, **extra})
 
     with cf.ThreadPoolExecutor(32) as pool:
         got = list(pool.map(ask, jobs))
@@ -147,21 +155,8 @@ def test_clients_hanging_up_mid_stream_leave_every_other_answer_intact(demo, pre
 
     def ask(job):
         p, method, extra, n, kind = job  # kind 0: hangs up; 1: streams to the end; 2: one response
-        body = {"model": "demo", "prompt": p, "max_tokens": n, "method": method, "stream": kind != 2, **extra}
-        with httpx.Client(timeout=120) as h:
-            if kind == 2:
-                r = h.post(server.url + "/v1/completions", json=body)
-                assert r.status_code == 200, r.text
-                return r.json()["choices"][0]["text"]
-            text = ""
-            with h.stream("POST", server.url + "/v1/completions", json=body) as r:
-                assert r.status_code == 200
-                for line in r.iter_lines():
-                    if kind == 0:
-                        return None
-                    if line.startswith("data: ") and line != "data: [DONE]":
-                        text += json.loads(line[6:])["choices"][0]["text"]
-            return text
+        return complete(server.url, {"model": "demo", "prompt": p, "max_tokens": n, "method": method,
+                                     "stream": kind != 2, **extra}, hang_up=kind == 0)
 
     try:
         with cf.ThreadPoolExecutor(48) as pool:
