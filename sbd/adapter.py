@@ -86,8 +86,12 @@ class DraftingAdapter(nn.Module):
         self.mask_embedding = nn.Parameter(embedding.weight[config.mask_token_id].detach().clone())
         self._hooks = []
 
+    def update_of(self, name: str) -> tuple[nn.Parameter, nn.Parameter]:
+        """(A, B) of the targeted layer `name` (a module name of the model)."""
+        return self.lora_A[_key(name)], self.lora_B[_key(name)]
+
     def delta(self, name: str, x: torch.Tensor) -> torch.Tensor:
-        a, b = self.lora_A[_key(name)], self.lora_B[_key(name)]
+        a, b = self.update_of(name)
         return (x @ a.t().to(x.dtype)) @ b.t().to(x.dtype) * self.scaling
 
 

@@ -49,3 +49,26 @@ def training_mask(seq_len: int, block_size: int, device=None) -> torch.Tensor:
     noisy_noisy = q_noisy & kv_noisy & (q_block == (kv - n) // block_size)
     noisy_clean = q_noisy & ~kv_noisy & (kv < q_block * block_size)
     return clean_clean | noisy_noisy | noisy_clean
+
+
+def tree_mask(parents) -> torch.Tensor:
+    """Mask of a tree of tokens fed in one forward (tree drafts of sbd-verify, docs/method.md), (N, N).
+
+    `parents[i]` is node i's parent, an earlier node (parents[i] < i), or -1 for a node that hangs from
+    the cached prefix directly (node 0 always does). Node i sees node j iff j is i or one of i's
+    ancestors: each node attends to the one continuation it belongs to, as if that path alone had been
+    fed causally, so its next-token logits and its key/value are those of a causal prefill of the path.
+    """
+    n = len(parents)
+    paths: list[list[int]] = []  # node i's ancestors and itself, root first (parents come first)
+    cells = bytearray(n * n)  # built as bytes, one tensor at the end: this runs for every tree forward
+    for i, p in enumerate(parents):
+        p = int(p)
+        if not -1 <= p < i or (i == 0 and p != -1):
+            raise ValueError(f"tree_mask: node {i} has parent {p}; a parent is an earlier node or -1")
+        paths.append((paths[p] if p >= 0 else []) + [i])
+        for j in paths[i]:
+            cells[i * n + j] = 1
+    if not n:
+        return torch.zeros(0, 0, dtype=torch.bool)
+    return torch.frombuffer(cells, dtype=torch.uint8).view(n, n).bool()

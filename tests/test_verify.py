@@ -22,8 +22,9 @@ V, MASK, EOS = 32, 31, 2
 
 class TwoHeadLM(torch.nn.Module):
     """A stand-in LM with scripted heads: at a causal position p it predicts `ntp[p + 1]` (the next
-    token), at a mask token at position p it predicts `draft[p]`. Everything depends on positions
-    only, so the exact NTP output is `ntp[prompt_len:]` up to EOS."""
+    token), at a mask token at position p it predicts `draft[p]` (a token, or {token: logit} to rank
+    several). Everything depends on positions only, so the exact NTP output is `ntp[prompt_len:]` up
+    to EOS."""
 
     def __init__(self, ntp, draft):
         super().__init__()
@@ -44,7 +45,8 @@ class TwoHeadLM(torch.nn.Module):
         for i, j in itertools.product(range(b), range(q)):
             p = int(position_ids[i, j])
             token = self.draft(p) if int(input_ids[i, j]) == MASK else self.ntp(p + 1)
-            logits[i, j, token] = 10.0
+            for t, v in (token.items() if isinstance(token, dict) else [(token, 10.0)]):
+                logits[i, j, t] = v
         return SimpleNamespace(logits=logits[:, -logits_to_keep:] if logits_to_keep else logits)
 
 

@@ -62,6 +62,11 @@ def _add_generate(sub) -> None:
                    help="sbd-verify, greedy, --draft block or adaptive: draft what followed the last 3 (else 2) "
                         "tokens where they occurred earlier in the prompt or output (prompt lookup), else the masks' "
                         "draft; the output is still NTP's")
+    p.add_argument("--tree", default=None, metavar="WIDTHS",
+                   help="sbd-verify, greedy, --draft block or adaptive: tree drafts with these widths per depth, "
+                        "e.g. 3,2,1 (depth 1: the masks' 3 most likely tokens, depth 2: the 2 most likely "
+                        "extensions, …; the chain goes on past them); each forward keeps the longest path greedy "
+                        "decoding would produce, so the output is still NTP's (default: a chain)")
     p.add_argument("--gamma", type=_gamma, default=0.35,
                    help="EB-sampler bound: 0 reveals one token per forward, inf a whole block (default: 0.35)")
     p.add_argument("--proxy", default="entropy", choices=["entropy", "confidence", "margin"],
@@ -161,6 +166,8 @@ def cmd_generate(args) -> None:
         mkw = {**kw, "draft": args.draft} if method == "sbd-verify" else kw
         if args.lookup and (method == "sbd-verify" or not args.compare):  # generate refuses it elsewhere
             mkw = {**mkw, "lookup": True}
+        if args.tree is not None and (method == "sbd-verify" or not args.compare):
+            mkw = {**mkw, "tree": args.tree}
         generate(model, tokenizer, args.prompts, method=method, **{**mkw, "max_new_tokens": 2})  # warm-up
         results[method] = generate(model, tokenizer, args.prompts, method=method, **mkw)
     for i, prompt in enumerate(args.prompts):

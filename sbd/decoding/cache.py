@@ -93,6 +93,16 @@ class SlotLayer(DynamicLayer):
             buf[j, :, :n] = held
 
 
+    def compact(self, slot: int, start: int, keep: torch.Tensor) -> None:
+        """Slot-local: the keys/values at start + keep[0], start + keep[1], … (increasing offsets, a device
+        tensor) move to start, start + 1, … — the path a tree draft kept, made contiguous and in order."""
+        if not self.is_initialized:
+            return
+        src = keep + start
+        for buf in (self._k, self._v):
+            buf[slot, :, start : start + len(keep)] = buf[slot].index_select(1, src)  # gathered, then written
+
+
 def slot_cache(model, slots: int, capacity: int, trash: int, static: bool = False) -> Cache:
     """A per-row cache for `model`: `slots` rows of `capacity` positions (see `SlotLayer`)."""
     n_layers = model.config.get_text_config(decoder=True).num_hidden_layers

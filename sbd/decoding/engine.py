@@ -9,6 +9,11 @@ every row take its decision. A row's tokens therefore never depend on its neighb
 rows leave the moment they finish (their slot is refilled by the last row) and new rows may join
 between steps (continuous batching). Prefill of newcomers runs as its own forward ("separate") or
 inside the shared decoding forward ("mixed").
+
+A row's committed part may also be a tree (`Feed.parents`: each token sees the cache and its own
+ancestors only), and after its decision a row may keep any increasing subset of its committed tokens
+instead of a prefix: the engine moves their keys and values together (`SlotLayer.compact`). That is
+all the engine knows of tree drafts (`sbd.decoding.trees`).
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import torch
 
 from ..adapter import adapter_of
 from ..errors import SBDError
+from ..masks import tree_mask
 from .cache import slot_cache
 
 PREFILL_MODES = ("separate", "mixed")
@@ -31,11 +37,19 @@ STATIC_CAPACITY_STEP = 256
 class Feed:
     """What a row feeds into the next forward: `tokens` (host list), of which the first `n_commit` are
     committed causally (kept in the cache) and the rest form one bidirectional block (scratch);
-    `n_logits` logits are returned for its last positions."""
+    `n_logits` logits are returned for its last positions.
+
+    parents (optional): the committed part is a tree, not a chain: `parents[i]` (< i, or -1 for a token
+    that hangs from the cache directly; parents[0] = -1) is committed token i's parent. Token i then sees
+    the cache, itself and its ancestors (`sbd.masks.tree_mask`) at position cache length + its depth; the
+    block after the committed part follows the LAST committed token: it sees the cache, that token and
+    its ancestors, and the whole block, at the positions right after that token. None: a chain (each
+    committed token sees the earlier ones), the same as parents [-1, 0, 1, …]."""
 
     tokens: list[int]
     n_commit: int
     n_logits: int
+    parents: list[int] | None = None
 
 
 @dataclass
@@ -56,7 +70,8 @@ class ForwardRecord:
     reals: list[int]
 
     def committed(self, i: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Row i's cached keys and values per layer right after this call (committed positions only)."""
+        """Row i's cached keys and values per layer right after this call (committed positions only; a
+        tree feed's nodes all sit there until the row's answer keeps one path)."""
         n = self.lengths[i] + self.commits[i]
         return [(layer.keys[i, :, :n], layer.values[i, :, :n]) for layer in self.cache.layers]
 
@@ -81,6 +96,37 @@ def step_mask(lengths: torch.Tensor, n_real: torch.Tensor, n_commit: torch.Tenso
     new = (rel >= 0) & (rel < n_real[:, None, None]) & (~causal | (rel <= j[..., None]))
     real = (j >= 0)[..., None]
     return ((real & ((rel < 0) | new)) | (~real & (rel == 0)))[:, None]
+
+
+def tree_layout(mask: torch.Tensor, pos: torch.Tensor, feeds: list[Feed], lengths: list[int]) -> None:
+    """The rows whose committed part is a tree (`Feed.parents`): their masks over their own new tokens
+    and their position ids, in place. `step_mask` made the chain layout; only the committed keys (cache
+    positions length … length + n_commit − 1) and the positions of the real columns change. Built on
+    the host for all tree rows, sent in two copies."""
+    width = mask.shape[-2]
+    rows, seen, offsets = [], [], []
+    for b, f in enumerate(feeds):
+        if f.parents is None:
+            continue
+        n, c = len(f.tokens), f.n_commit
+        if len(f.parents) != c:
+            raise ValueError(f"Feed.parents names {len(f.parents)} parents for {c} committed tokens")
+        sees = tree_mask(f.parents)  # (c, c): committed token i sees itself and its ancestors
+        sees = torch.cat([sees, sees[-1:].expand(n - c, c)])  # the block follows the last committed token
+        depth = (sees[:c].sum(-1) - 1).tolist() if c else [-1]  # a token's depth: its count of ancestors
+        rows.append((b, n, c))
+        seen.append(sees.flatten())
+        offsets += depth[:c] + list(range(depth[-1] + 1, depth[-1] + 1 + n - c))
+    if not rows:
+        return
+    seen_d = torch.cat(seen).to(mask.device)
+    offsets_d = torch.tensor(offsets, dtype=pos.dtype).to(pos.device)
+    at_m = at_p = 0
+    for b, n, c in rows:
+        first, length = width - n, lengths[b]
+        mask[b, 0, first:, length : length + c] = seen_d[at_m : at_m + n * c].view(n, c)
+        pos[b, first:] = length + offsets_d[at_p : at_p + n]
+        at_m, at_p = at_m + n * c, at_p + n
 
 
 class Engine:
@@ -213,6 +259,7 @@ class Engine:
         j = columns(n, width)
         pos = (L[:, None] + j).clamp_min(0)
         mask = step_mask(L, n, c, width, visible, j)
+        tree_layout(mask, pos, feeds, lengths)
         write_at = L[:, None] + torch.where(j >= 0, j, j + width)  # padding writes after the row's real tokens
         for layer in self.cache.layers:
             layer.lo, layer.hi, layer.visible, layer.write_at = lo, hi, visible, write_at
@@ -246,7 +293,23 @@ class Engine:
             m = a.numel() if a is not None else 0
             drop = r.answer(values[at : at + m])
             at += m
-            self._lengths[lo + i] -= drop
+            if isinstance(drop, int):
+                self._lengths[lo + i] -= drop
+            else:
+                self._keep(lo + i, lengths[i], feeds[i].n_commit, drop)
             if r.finished:
                 done.append(r)
         return done
+
+    def _keep(self, slot: int, start: int, n_commit: int, keep) -> None:
+        """After a forward that committed `n_commit` tokens at `start`, the row keeps only the committed
+        feed positions `keep` (increasing): they move to start, start + 1, … and the length follows.
+        The slot's contents and its length change together, here, as everywhere."""
+        keep = [int(k) for k in keep]
+        if any(b <= a for a, b in zip(keep, keep[1:])) or (keep and not 0 <= keep[0] <= keep[-1] < n_commit):
+            raise ValueError(f"a row may keep increasing positions among its {n_commit} committed ones, got {keep}")
+        if keep != list(range(len(keep))):  # a prefix stays where it is
+            moved = torch.tensor(keep, dtype=torch.long, device=self.device)
+            for layer in self.cache.layers:
+                layer.compact(slot, start, moved)
+        self._lengths[slot] = start + len(keep)

@@ -21,6 +21,7 @@ from ..sampler import PROXIES
 from .engine import Engine, ForwardRecord
 from .processing import Processing
 from .rows import make_row
+from .trees import check_shape
 from .width_cost import forward_costs
 
 METHODS = ("ntp", "sbd", "sbd-verify")
@@ -188,9 +189,15 @@ def check_prompt_ids(model, tokenizer, prompt_ids: list[list[int]]) -> None:
 
 
 def _validate(model, method, block_size, gamma, proxy, max_new_tokens, temperature, stop, draft="block",
-              lookup=False):
+              lookup=False, tree=None, static=False):
     if method not in METHODS:
         raise SBDError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    check_shape(tree)
+    if tree is not None and (method != "sbd-verify" or temperature > 0 or draft == "eb"):
+        raise SBDError("tree applies to method='sbd-verify' with greedy decoding (temperature 0) and draft='block' "
+                       "or 'adaptive'")
+    if tree is not None and static:
+        raise SBDError("tree drafts have no fixed widths: static_shapes=True and compile=True refuse tree")
     if not isinstance(lookup, bool):
         raise SBDError(f"lookup is True or False, got {lookup!r}")
     if lookup and (method != "sbd-verify" or temperature > 0 or draft == "eb"):
@@ -247,6 +254,7 @@ def generate(
     observer: Callable[[ForwardRecord], None] | None = None,
     draft: str = "block",
     lookup: bool = False,
+    tree: Sequence[int] | str | None = None,
     static_shapes: bool = False,
     compile: bool = False,
     chat: bool = False,
@@ -275,6 +283,11 @@ def generate(
     lookup (sbd-verify, greedy, draft "block" or "adaptive"): when the last 3 (else 2) tokens occurred
     earlier in the prompt or the output, draft what followed them there (prompt lookup) instead of the
     masks' draft; the tokens are still NTP's. `lookup_accepted` counts the kept draft tokens it proposed.
+    tree (sbd-verify, greedy, draft "block" or "adaptive"): widths per depth such as (3, 2, 1) (or
+    "3,2,1"): each verifying forward carries a small tree instead of one chain — the chain as its main
+    branch plus, at depth d, the w_d most likely extensions by the masks' top candidates (and, with
+    lookup, the masks' chain besides lookup's); the longest path greedy decoding would produce is kept
+    (`sbd.decoding.trees`). The tokens are still NTP's; `accepted` counts the kept nodes. None: a chain.
 
     seed (temperature > 0): an int (row i samples with seed + i) or one int per prompt; each row draws
     from its own stream, so a row samples the same alone as in any batch.
@@ -300,7 +313,8 @@ def generate(
     """
     if block_size is None:
         block_size = default_block_size(model)
-    _validate(model, method, block_size, gamma, proxy, max_new_tokens, temperature, stop, draft, lookup)
+    _validate(model, method, block_size, gamma, proxy, max_new_tokens, temperature, stop, draft, lookup, tree,
+              static_shapes or compile)
     if compile and adapter_of(model) is not None:
         raise SBDError("compile=True is not supported with a drafting adapter yet (its gate moves every forward); "
                        "use static_shapes=True or plain eager decoding")
@@ -326,11 +340,13 @@ def generate(
 
     start = time.perf_counter()
     rows = [make_row(method, p, mask_id=mask_id, block_size=block_size, gamma=gamma, proxy=proxy, draft=draft,
-                     fixed=reveal_per_forward, seed=s, cost=cost, lookup=lookup, processing=processing, **common)
+                     fixed=reveal_per_forward, seed=s, cost=cost, lookup=lookup, tree=tree, processing=processing,
+                     **common)
             for p, s in zip(prompt_ids, seeds)]
     k = min(block_size, max_new_tokens)
     widths = () if not (static_shapes or compile) else (1,) if method == "ntp" else (k, 2 * k)
-    engine = Engine(model, len(rows), max(r.needs for r in rows), max_width=2 * block_size + 1,
+    widest = max([2 * block_size + 1] + [r.needs_extra for r in rows])  # a row's extra room = its widest forward
+    engine = Engine(model, len(rows), max(r.needs for r in rows), max_width=widest,
                     observer=observer, static_widths=widths, call=compiled(model) if compile else None)
     with eval_mode(model), torch.inference_mode():
         for r in rows:

@@ -97,13 +97,15 @@ def bias_vector(processing: Processing, vocab: int, device) -> torch.Tensor | No
 
 
 def processed(logits: torch.Tensor, processing: Processing, bias: torch.Tensor | None = None,
-              counts: torch.Tensor | None = None, draft: torch.Tensor | None = None) -> torch.Tensor:
+              counts: torch.Tensor | None = None, draft: torch.Tensor | None = None,
+              ancestors: torch.Tensor | None = None) -> torch.Tensor:
     """fp32 logits after logit_bias, then the penalties (OpenAI's rule):
     logits[t] += bias[t];  logits[t] -= presence_penalty · (count[t] > 0) + frequency_penalty · count[t].
 
     logits (m, V) at m consecutive causal positions; counts (V,) how often each token was generated
     before the first position; draft (m − 1,) the tokens fed at positions 1 … m−1, counted for the
-    positions after them (as if decoded one by one)."""
+    positions after them (as if decoded one by one). ancestors (m, m) bool: the positions form a tree
+    (`sbd.masks.tree_mask`) and position i counts the draft tokens of its own ancestors and itself only."""
     out = logits.float()
     if bias is not None:
         out = out + bias
@@ -112,7 +114,7 @@ def processed(logits: torch.Tensor, processing: Processing, bias: torch.Tensor |
         if draft is not None and draft.numel():
             seen = torch.zeros(out.shape, dtype=torch.float32, device=out.device)
             seen[1:].scatter_(-1, draft[:, None], 1.0)
-            c = c + seen.cumsum(0)
+            c = c + (seen.cumsum(0) if ancestors is None else ancestors.float() @ seen)
         out = out - processing.presence_penalty * (c > 0).float() - processing.frequency_penalty * c
     return out
 

@@ -3,7 +3,8 @@
 A row is a small state machine driven by the engine (`sbd.decoding.engine`): `feed()` says what goes
 into the next forward, `ask(logits)` returns the device values the row must see on the host (read once
 per step for all rows together), `answer(values)` takes the decision and returns how many committed
-tokens leave the cache again (a rejected draft). All bookkeeping is on small host lists.
+tokens leave the cache again (a rejected draft), or which committed feed positions stay (a list: a tree
+draft keeps one path). All bookkeeping is on small host lists.
 
 - `NTPRow`: prefill all but the last prompt token, then one token per forward.
 - `SBDRow`: the prompt is prefilled; each block starts as masks and is revealed by the EB rule (§4); a
@@ -11,7 +12,9 @@ tokens leave the cache again (a rejected draft). All bookkeeping is on small hos
 - `VerifyRow` (sbd-verify, lossless): every forward feeds [head | draft | masks]; the model's own
   next-token predictions keep the longest draft prefix NTP would produce plus NTP's next token (greedy:
   the same tokens; sampling: speculative acceptance, the same distribution), and the masks draft the
-  next block. Every forward yields at least one token.
+  next block. Every forward yields at least one token. With `tree` (greedy) the draft is a small tree
+  of candidate continuations (`sbd.decoding.trees`) and the longest path greedy decoding would produce
+  is kept.
 
 NTP and sbd-verify rows take a `Processing` (logit_bias, penalties, top_p, logprobs;
 `sbd.decoding.processing`): it acts on the next-token head only, on the device inside `ask()`.
@@ -25,7 +28,9 @@ from typing import Sequence
 import torch
 
 from ..errors import SBDError
+from ..masks import tree_mask
 from ..sampler import entropy_and_argmax, error_proxy, pick_tokens
+from . import trees
 from .engine import Feed
 from .processing import Processing, bias_vector, pick, processed, read_logprobs, target_probs, token_logprobs
 
@@ -91,9 +96,11 @@ class Row:
         self._counts: torch.Tensor | None = None  # (V,) on the device: how often each token was generated
         self._uncounted: list[int] = []  # generated tokens not yet added to _counts
 
-    def _next_token_logits(self, logits: torch.Tensor, draft: torch.Tensor | None = None) -> torch.Tensor:
+    def _next_token_logits(self, logits: torch.Tensor, draft: torch.Tensor | None = None,
+                           ancestors: torch.Tensor | None = None) -> torch.Tensor:
         """The next-token logits (m, V) after logit_bias and the penalties; `draft`: the tokens fed at
-        positions 1 … m−1, counted for the positions after them."""
+        positions 1 … m−1, counted for the positions after them (a tree: for their descendants only,
+        `ancestors` (m, m) from `sbd.masks.tree_mask`)."""
         p = self.processing
         if p.logit_bias and self._bias is None:
             self._bias = bias_vector(p, logits.shape[-1], logits.device)
@@ -104,7 +111,7 @@ class Row:
                 new = torch.tensor(self._uncounted, dtype=torch.long, device=logits.device)
                 self._counts.index_add_(0, new, torch.ones(len(self._uncounted), device=logits.device))
                 self._uncounted = []
-        return processed(logits, p, self._bias, self._counts, draft)
+        return processed(logits, p, self._bias, self._counts, draft, ancestors)
 
     def _logprob_width(self) -> int:
         return 0 if self.top_logprobs is None else 1 + 2 * self.top_logprobs
@@ -301,18 +308,19 @@ class SBDRow(Row):
         return 0
 
 
-def best_draft_length(alpha: float, cost, longest: int) -> int:
+def best_draft_length(alpha: float, cost, longest: int, tree: Sequence[int] = ()) -> int:
     """The draft length d (0..longest) that maximises expected tokens per unit of forward time.
 
     A verifying forward with a draft of d ≥ 1 tokens feeds 1 + d + (d + 1) tokens (head, draft, and the
     masks that draft the next d) and costs `cost(2d + 2)` one-token forwards; if each draft token stands
     with probability alpha once the one before it stood, it yields 1 + alpha·(1 − alpha^d)/(1 − alpha)
     tokens on average. d = 0 is a plain next-token step (1 token for `cost(1)`), chosen when no draft
-    pays for its width."""
+    pays for its width. tree: widths per depth of tree drafts, whose branches widen the forward by
+    w − 1 tokens at each depth up to d (alpha is then the tree's rate per depth)."""
     best, value = 0, 1.0 / cost(1)
     for d in range(1, max(0, longest) + 1):
         made = 1 + (d * alpha if alpha >= 1 else alpha * (1 - alpha ** d) / (1 - alpha))
-        v = made / cost(2 * d + 2)
+        v = made / cost(2 * d + 2 + sum(w - 1 for w in tree[:d]))
         if v > value + 1e-12:
             best, value = d, v
     return best
@@ -348,14 +356,30 @@ class VerifyRow(Row):
     after every verifying forward the row picks how many masks to feed next (at most block_size) from
     its own acceptance so far (`best_draft_length`). When no draft pays, it takes plain next-token
     steps and tries a one-token draft every `PROBE_EVERY` forwards to notice when drafting starts to
-    pay again. None drafts whole blocks. Either way the tokens are NTP's."""
+    pay again. None drafts whole blocks. Either way the tokens are NTP's.
+
+    tree (greedy, draft "block" or "adaptive"): widths per depth, e.g. (3, 2, 1): the verifying forward
+    feeds [head | tree | masks] instead of [head | chain | masks]. The tree holds the chain of today
+    (lookup's when it finds one, else the masks' top-1) as its main chain, which the masks follow, plus
+    the declared shape filled from the masks' top candidates and, with lookup, the masks' chain as
+    another branch (`sbd.decoding.trees`). The greedy walk keeps the longest path whose every token is
+    the next-token head's argmax at its parent, plus the head's next token; only that path stays in the
+    cache (a compaction). `accepted` counts the kept draft nodes per forward, `proposed` the nodes put
+    up. The adaptive rule prices the branches' width too."""
 
     PROBE_EVERY = 16
     LOOKUP_NGRAMS = (3, 2)  # prompt lookup: match the last 3 tokens, else the last 2
 
     def __init__(self, prompt, *, block_size: int, mask_id: int, eb_gamma: float | None = None,
-                 proxy: str = "entropy", cost=None, lookup: bool = False, **kw):
+                 proxy: str = "entropy", cost=None, lookup: bool = False, tree=None, **kw):
         super().__init__(prompt, **kw)
+        self.tree = trees.check_shape(tree)
+        if self.tree is not None and self.temperature > 0:
+            raise SBDError("tree drafts are greedy only (temperature 0): the speculative acceptance of sampling "
+                           "is implemented for one chain; use tree=None to sample")
+        if self.tree is not None and eb_gamma is not None:
+            raise SBDError("tree drafts apply to draft='block' or 'adaptive' (the masks' candidates of the "
+                           "verifying forward), not draft='eb'")
         self.block_size, self.mask_id, self.eb_gamma, self.proxy = block_size, mask_id, eb_gamma, proxy
         self.cost = cost
         self.lookup = lookup  # greedy: draft from an earlier occurrence of the last tokens when there is one
@@ -363,7 +387,12 @@ class VerifyRow(Row):
         self.n_masks = block_size  # masks fed by the next verifying forward
         self.plain_steps = 0  # consecutive next-token steps (adaptive drafting found no draft worth its width)
         self.rejections = 0  # verifying forwards in which a draft token was refused
-        self.needs_extra = 2 * block_size + 1
+        self.needs_extra = 2 * block_size + 1  # cache positions a forward writes past the cache: its width
+        if self.tree is not None:
+            self.needs_extra = trees.max_nodes(self.tree, block_size - 1) + block_size + 1
+        self.branches: list[list[int]] = []  # tree: token paths from the head besides the main chain (the draft)
+        self._fed: tuple[list[int], list[int], int] | None = None  # tree: (tokens, parents, masks) fed
+        self._top = (0, 0)  # tree: (depths, candidates per depth) of the masks' top tokens asked for
         self.in_prefill = len(self.prompt) > 1
         self.head = self.prompt[-1]
         self.draft: list[int] = []
@@ -378,6 +407,13 @@ class VerifyRow(Row):
         if self.refining is not None:
             return Feed(self.refining, 0, self.block_size)
         room = max(0, self.max_new - len(self.out) - 1)  # a forward yields at most n_draft + 1 tokens
+        if self.tree is not None:
+            self.draft = self.draft[:room]
+            tokens, parents = trees.build_tree(self.head, self.draft, [b[:room] for b in self.branches])
+            self._fed = (tokens, parents, self.n_masks)
+            chain = all(p == i - 1 for i, p in enumerate(parents))  # no branch: the engine's plain layout
+            n = len(tokens)
+            return Feed(tokens + [self.mask_id] * self.n_masks, n, n + self.n_masks, None if chain else parents)
         if len(self.draft) > room:
             self.draft = self.draft[:room]
             self.q_draft = self.q_draft[:room] if self.q_draft is not None else None
@@ -416,6 +452,8 @@ class VerifyRow(Row):
         if self.refining is not None:
             logits[:, self.mask_id] = torch.finfo(logits.dtype).min
             return torch.cat(self._mask_values(logits))
+        if self.tree is not None:
+            return self._ask_tree(logits)
         n = len(self.draft)
         ntp, masks = logits[: 1 + n], logits[1 + n :]
         masks[:, self.mask_id] = torch.finfo(masks.dtype).min  # never draft the mask token
@@ -449,7 +487,82 @@ class VerifyRow(Row):
         if not any(self.masked):
             self.draft, self.refining = self.refining[1:], None
 
-    def answer(self, values: list[float]) -> int:
+    def _ask_tree(self, logits: torch.Tensor) -> torch.Tensor:
+        """Greedy, tree fed: the next-token argmax at every node, the masks' top-1 chain and, for the
+        declared depths, the masks' top candidates with their log-probabilities."""
+        tokens, parents, n_masks = self._fed
+        n = len(tokens)
+        ntp, masks = logits[:n], logits[n:]
+        masks[:, self.mask_id] = torch.finfo(masks.dtype).min  # never draft the mask token
+        target = ntp
+        if self.processing is not None:  # penalties count each node's own ancestors (and itself)
+            fed = torch.tensor(tokens[1:], dtype=torch.long, device=logits.device)
+            target = self._next_token_logits(ntp, fed, tree_mask(parents).to(logits.device))
+        nxt = target.argmax(-1)
+        depth = min(len(self.tree), max(0, n_masks - 1))
+        width = min(max(self.tree[:depth], default=0), masks.shape[-1])
+        self._top = (depth, width)
+        parts = [nxt.double(), masks[1:].argmax(-1).double()]
+        if depth and width:
+            top = torch.log_softmax(masks[1 : 1 + depth].float(), dim=-1).topk(width, dim=-1)
+            parts += [top.indices.double().flatten(), top.values.double().flatten()]
+        if self.logprobs is not None:
+            parts.append(token_logprobs(ntp, nxt, self.top_logprobs).flatten())
+        return torch.cat(parts)
+
+    def _answer_tree(self, values: list[float]) -> list[int]:
+        """Greedy walk over the tree fed; returns the committed feed positions that stay (the kept path)."""
+        tokens, parents, n_masks = self._fed
+        n, (depth, width) = len(tokens), self._top
+        lp = n * self._logprob_width()
+        values, lp_values = (values[:-lp], values[-lp:]) if lp else (values, [])
+        nxt = [int(v) for v in values[:n]]
+        m = max(0, n_masks - 1)
+        chain = [int(v) for v in values[n : n + m]]
+        at = n + m
+        cand = [[int(v) for v in values[at + d * width : at + (d + 1) * width]] for d in range(depth)]
+        at += depth * width
+        cand_lp = [[-math.inf if t == self.mask_id else v  # the mask token is no candidate (a tiny vocabulary)
+                    for t, v in zip(cand[d], values[at + d * width : at + (d + 1) * width])] for d in range(depth)]
+        path = trees.greedy_walk(tokens, parents, nxt)
+        a = len(path) - 1
+        new = [tokens[i] for i in path[1:]] + [nxt[path[-1]]]
+        if lp:  # the logprob values of the kept path's nodes, in its order
+            w = self._logprob_width()
+            lp_values = [v for i in path for v in lp_values[i * w : (i + 1) * w]]
+        self.accepted.append(a)
+        if self.from_lookup:  # kept tokens along lookup's chain
+            self.lookup_accepted += next((i for i, (x, y) in enumerate(zip(new[:a], self.draft)) if x != y),
+                                         min(a, len(self.draft)))
+        self.proposed += n - 1
+        self.rejections += bool(trees.children(parents)[path[-1]])  # a child of the last kept node was refused
+        self._adapt()
+        start = self._take(new, lp_values)
+        end = self._end(start, new)
+        if end is not None:
+            self._finish(end)
+            return trees.compaction(path)
+        self.head = new[-1]
+        self.from_lookup = False
+        if path[-1] == n - 1:  # the masks followed the kept path: they draft the next tree
+            self._next_draft(chain)
+            self.branches = trees.beam_paths(self.tree, cand, cand_lp) + ([chain] if self.from_lookup else [])
+        else:
+            self._next_draft([])
+            self.branches = []
+        return trees.compaction(path)
+
+    def _adapt(self) -> None:
+        """Adaptive drafting: the next forward's mask count from the acceptance so far (class docstring)."""
+        if self.cost is not None and self.block_size > 1:  # the geometric acceptance estimate, with a prior
+            alpha = (sum(self.accepted) + 1) / (sum(self.accepted) + self.rejections + 2)
+            d = best_draft_length(alpha, self.cost, self.block_size - 1, self.tree or ())
+            self.plain_steps = self.plain_steps + 1 if d == 0 else 0
+            if d == 0 and self.plain_steps % self.PROBE_EVERY == 0:
+                d = 1  # a probe: masks now, a one-token draft verified in the next forward
+            self.n_masks = d + 1 if d else 0
+
+    def answer(self, values: list[float]) -> int | list[int]:
         if self.in_prefill:
             self.in_prefill = False
             self._next_draft([])
@@ -458,6 +571,8 @@ class VerifyRow(Row):
         if self.refining is not None:
             self._reveal(values)
             return 0
+        if self.tree is not None:
+            return self._answer_tree(values)
         n, k = len(self.draft), self.block_size
         lp = (n + 1) * self._logprob_width()
         values, lp_values = (values[:-lp], values[-lp:]) if lp else (values, [])
@@ -475,13 +590,7 @@ class VerifyRow(Row):
         self.lookup_accepted += a if self.from_lookup else 0
         self.proposed += n
         self.rejections += a < n
-        if self.cost is not None and self.block_size > 1:  # the geometric acceptance estimate, with a prior
-            alpha = (sum(self.accepted) + 1) / (sum(self.accepted) + self.rejections + 2)
-            d = best_draft_length(alpha, self.cost, self.block_size - 1)
-            self.plain_steps = self.plain_steps + 1 if d == 0 else 0
-            if d == 0 and self.plain_steps % self.PROBE_EVERY == 0:
-                d = 1  # a probe: masks now, a one-token draft verified in the next forward
-            self.n_masks = d + 1 if d else 0
+        self._adapt()
         new = tokens[: a + 1]  # draft tokens kept (they equal NTP's) + NTP's next token
         start = self._take(new, lp_values)
         end = self._end(start, new)
@@ -508,10 +617,11 @@ class VerifyRow(Row):
 
 def make_row(method: str, prompt: list[int], *, mask_id: int | None, block_size: int = 16, gamma: float = 0.35,
              proxy: str = "entropy", draft: str = "block", fixed: int | None = None,
-             cost=None, lookup: bool = False, processing: Processing | None = None, **common) -> Row:
+             cost=None, lookup: bool = False, tree=None, processing: Processing | None = None, **common) -> Row:
     """A row for `method` ("ntp", "sbd", "sbd-verify"); draft "block", "eb" or "adaptive" (with `cost`,
     width → relative forward time); lookup (sbd-verify, greedy): drafts from prompt lookup when it finds
-    a match; processing: logit_bias, penalties, top_p and logprobs of the next-token head (ntp and
+    a match; tree (sbd-verify, greedy): tree drafts of these widths per depth (`VerifyRow`);
+    processing: logit_bias, penalties, top_p and logprobs of the next-token head (ntp and
     sbd-verify; validate it with `processing.validate(vocab_size)` first); `common`: max_new, eos, stop,
     tokenizer, temperature, seed, device. Other arguments are validated by the caller (`generate`, the
     server)."""
@@ -520,11 +630,13 @@ def make_row(method: str, prompt: list[int], *, mask_id: int | None, block_size:
             raise SBDError(f"logit_bias, penalties, top_p and logprobs apply to method='ntp' or 'sbd-verify' "
                            f"(the next-token head); method={method!r} reveals tokens with the masked head")
         common["processing"] = processing
+    if tree is not None and method != "sbd-verify":
+        raise SBDError(f"tree drafts apply to method='sbd-verify'; method={method!r} has no draft to branch")
     if method == "ntp":
         return NTPRow(prompt, **common)
     if method == "sbd-verify":
         return VerifyRow(prompt, block_size=block_size, mask_id=int(mask_id), proxy=proxy,
                          eb_gamma=float(gamma) if draft == "eb" else None,
-                         cost=cost if draft == "adaptive" else None, lookup=lookup, **common)
+                         cost=cost if draft == "adaptive" else None, lookup=lookup, tree=tree, **common)
     return SBDRow(prompt, block_size=block_size, mask_id=int(mask_id), gamma=float(gamma), proxy=proxy,
                   fixed=fixed, **common)

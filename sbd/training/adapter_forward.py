@@ -8,6 +8,15 @@ to those cached keys/values under the rows of the training mask that belong to i
 gradients are those of the plain doubled forward with the gate at n (`tests/test_adapter_training.py`
 checks this to 1e-5); the clean half costs one forward without a backward, and no logits.
 
+Three more savings, each exact for what the loss reads:
+- the clean half runs only as far as a noisy query (or a KL target) looks into it: a batch whose noisy
+  copy holds a few blocks (`SBDDataCollator(noisy_blocks=...)`) stops its clean forward after the last;
+- the clean half is an ordinary causal prefill (right padding: no real position sees a padding one),
+  so it runs SDPA's causal kernel instead of the dense mask;
+- `grad_from_layer=L`: with the adapter's parameters below decoder layer L frozen (and its mask
+  embedding), nothing below L can receive a gradient, so the noisy half runs those layers without
+  autograd: no saved activations, no backward through them.
+
 The optional distillation term is the KL divergence from the frozen model's next-token distribution
 at each target (taken from the clean half of the same forward: position p − 1 predicts token p) to the
 masked prediction of that target.
@@ -15,12 +24,14 @@ masked prediction of that target.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from ..adapter import gated
+from ..adapter import adapter_of, gated
+from ..errors import SBDError
 from .collator import IGNORE
 
 
@@ -35,33 +46,100 @@ def _backbone(model):
     return model.base_model if model.base_model is not model else model.model
 
 
+def clean_span(mask: torch.Tensor, num_clean: int, targets: torch.Tensor | None = None) -> int:
+    """How many clean positions the noisy half needs: up to the last clean key a noisy query may see, and
+    (KL) up to the position before the last target `targets` (positions in x). At least 1."""
+    n = int(num_clean)
+    seen = mask[:, 0, n:, :n].any(dim=0).any(dim=0).nonzero()
+    need = int(seen[-1]) + 1 if seen.numel() else 1
+    if targets is not None and targets.numel():
+        need = max(need, int(targets.max()))
+    return max(1, min(n, need))
+
+
+@contextlib.contextmanager
+def grad_from_layer(model, layer: int):
+    """Autograd off in decoder layers below `layer` for the forwards inside (the embeddings included).
+
+    Only correct when nothing below `layer` trains: `freeze_below` makes it so."""
+    layers = _backbone(model).layers
+    if not layer:
+        yield
+        return
+    if not 0 < layer < len(layers):
+        raise SBDError(f"grad_from_layer must lie in 1..{len(layers) - 1} for this model, got {layer}")
+    outer = torch.is_grad_enabled()
+
+    def switch(on: bool):
+        def hook(*_):  # returns None: the layer's inputs stay as they are
+            torch.set_grad_enabled(on)
+        return hook
+
+    hooks = [layers[0].register_forward_pre_hook(switch(False)), layers[layer].register_forward_pre_hook(switch(outer))]
+    try:
+        yield
+    finally:
+        for h in hooks:
+            h.remove()
+        torch.set_grad_enabled(outer)
+
+
+def freeze_below(model, layer: int) -> int:
+    """Freeze the adapter's updates in decoder layers below `layer` and its mask embedding (they keep
+    their values and still act); returns how many parameters still train."""
+    adapter = adapter_of(model)
+    if adapter is None:
+        raise SBDError("freeze_below needs a model with a drafting adapter")
+    n_layers = len(_backbone(model).layers)
+    if not 0 <= layer < n_layers:
+        raise SBDError(f"--train-layers-from must lie in 0..{n_layers - 1} for this model, got {layer}")
+    if layer:
+        adapter.mask_embedding.requires_grad_(False)
+        for name in adapter.names:
+            i = _layer_index(name)
+            if i is not None and i < layer:
+                for weights in adapter.update_of(name):
+                    weights.requires_grad_(False)
+    return sum(p.numel() for p in adapter.parameters() if p.requires_grad)
+
+
+def _layer_index(name: str) -> int | None:
+    parts = name.split(".")
+    for a, b in zip(parts, parts[1:]):
+        if a == "layers" and b.isdigit():
+            return int(b)
+    return None
+
+
 def adapter_logits(model, inputs: dict, labels: torch.Tensor, num_clean: int,
-                   source_positions: torch.Tensor | None = None) -> AdapterOutputs:
+                   source_positions: torch.Tensor | None = None, grad_layer: int = 0) -> AdapterOutputs:
     """Masked logits at the labelled noisy positions, computed in two passes (see the module docstring).
 
     inputs: the doubled batch (input_ids, position_ids, a (B,1,T,T) bool attention_mask). labels: (B,T),
     IGNORE everywhere in the clean half. source_positions: (B, T − n) the position in x each noisy
     position copies (−1 for EOS padding); given, the frozen model's next-token logits for each target
-    are returned too (for the KL term).
+    are returned too (for the KL term). grad_layer: see `grad_from_layer` (0: autograd everywhere).
     """
     from transformers import DynamicCache
 
     ids, pos, mask = inputs["input_ids"], inputs["position_ids"], inputs["attention_mask"]
     n = int(num_clean)
     keep = labels[:, n:] != IGNORE
+    src = source_positions[keep] if source_positions is not None else None     # (N,) position in x of each target
+    c = clean_span(mask, n, src)
     cache = DynamicCache()
     base_logits = kl_valid = None
-    with torch.no_grad(), gated(model, None):
-        hidden = _backbone(model)(input_ids=ids[:, :n], position_ids=pos[:, :n], attention_mask=mask[:, :, :n, :n],
+    with torch.no_grad(), gated(model, None):  # causal: right padding is never seen by a real position
+        hidden = _backbone(model)(input_ids=ids[:, :c], position_ids=pos[:, :c], attention_mask=None,
                                   past_key_values=cache, use_cache=True).last_hidden_state
-        if source_positions is not None:
-            src = source_positions[keep]                              # (N,) position in x of each target
+        if src is not None:
             kl_valid = src >= 1
             rows = keep.nonzero()[:, 0]
             prev = hidden[rows, (src - 1).clamp_min(0)]               # the clean position that predicts it
             base_logits = model.get_output_embeddings()(prev)
-    with gated(model, 0):
-        logits = model(input_ids=ids[:, n:], position_ids=pos[:, n:], attention_mask=mask[:, :, n:, :],
+    noisy_mask = torch.cat([mask[:, :, n:, :c], mask[:, :, n:, n:]], dim=-1)
+    with gated(model, 0), grad_from_layer(model, grad_layer):
+        logits = model(input_ids=ids[:, n:], position_ids=pos[:, n:], attention_mask=noisy_mask,
                        past_key_values=cache, use_cache=True, logits_to_keep=keep).logits
     if logits.dim() == 3:
         logits = logits[0] if logits.shape[0] == 1 and logits.shape[1] == int(keep.sum()) else logits[:, n:][keep]

@@ -44,12 +44,18 @@ class SBDDataCollator:
     (docs/method.md). "drop": the paper's rule, masked targets only inside complete blocks.
     suffix_share: share of noisy blocks masked as a suffix (the block's first c tokens visible, the
     rest masked, c uniform) instead of independently at rate η: the pattern left-to-right decoding sees.
+    noisy_blocks: the noisy copy holds only this many blocks of each sequence, drawn at random without
+    replacement (all of them when a sequence has fewer), each still attending to the clean prefix before
+    its own place in x. A training step then costs in proportion to the blocks it trains rather than to
+    the sequence length (with the clean half cut after the last block, `training/adapter_forward.py`).
+    None (default): every block, the paper's layout.
     """
 
     def __init__(self, tokenizer=None, mask_token_id: int | None = None, block_size: int | None = None,
                  mask_rate: float | None = None, seed: int | None = None,
                  block_size_range: tuple[int, int] = BLOCK_SIZE_RANGE, align_to_completion: bool = False,
-                 last_block: str = "eos", eos_token_id: int | None = None, suffix_share: float = 0.0):
+                 last_block: str = "eos", eos_token_id: int | None = None, suffix_share: float = 0.0,
+                 noisy_blocks: int | None = None):
         if mask_token_id is None and tokenizer is not None:
             mask_token_id = getattr(tokenizer, "mask_token_id", None)
         if mask_token_id is None:
@@ -70,6 +76,9 @@ class SBDDataCollator:
                            "or use last_block='drop'")
         if not 0.0 <= float(suffix_share) <= 1.0:
             raise SBDError(f"suffix_share must lie in [0, 1], got {suffix_share!r}")
+        if noisy_blocks is not None and (not isinstance(noisy_blocks, int) or isinstance(noisy_blocks, bool)
+                                         or noisy_blocks < 1):
+            raise SBDError(f"noisy_blocks must be an integer >= 1, got {noisy_blocks!r}")
         pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
         if pad is None and tokenizer is not None:
             pad = getattr(tokenizer, "eos_token_id", None)
@@ -81,6 +90,7 @@ class SBDDataCollator:
         self.last_block = last_block
         self.eos_token_id = int(eos_token_id) if eos_token_id is not None else None
         self.suffix_share = float(suffix_share)
+        self.noisy_blocks = noisy_blocks
         self.seed = seed
         self.generator = torch.Generator().manual_seed(seed) if seed is not None else None
 
@@ -124,12 +134,26 @@ class SBDDataCollator:
 
     def noisy_length(self, clean: dict, block_size: int | None = None) -> int:
         """Length M of the noisy copy for block size k; without k, the largest M any k drawn can give
-        (the number of uniforms to draw per sequence)."""
+        (the number of uniforms to draw per sequence). With `noisy_blocks`, at most that many blocks."""
         if block_size is None:
             lo, hi = self.block_size_range
             sizes = [self.block_size] if self.block_size is not None else range(lo, hi + 1)
             return max(self.noisy_length(clean, k) for k in sizes)
-        return int(self.noisy_lengths(clean, block_size).max())
+        full = int(self.noisy_lengths(clean, block_size).max())
+        if self.noisy_blocks is None:
+            return full
+        k = int(block_size)
+        return min(full, self.noisy_blocks * k)
+
+    def block_count(self, clean: dict, block_size: int | None = None) -> int:
+        """The most blocks a row's full noisy copy holds for block size k (any k drawn, without k): the
+        number of uniforms `draw_windows` draws per sequence."""
+        if block_size is None:
+            lo, hi = self.block_size_range
+            sizes = [self.block_size] if self.block_size is not None else range(lo, hi + 1)
+            return max(self.block_count(clean, k) for k in sizes)
+        k = int(block_size)
+        return int((-(-self.noisy_lengths(clean, k) // k)).max())
 
     # -- random part -------------------------------------------------------------------------------
     def draw_block_size(self, generator: torch.Generator | None = None) -> int:
@@ -159,12 +183,57 @@ class SBDDataCollator:
             return torch.rand(batch, length, 2, generator=generators)
         return torch.stack([torch.rand(length, 2, generator=g) for g in generators])
 
+    def draw_windows(self, batch: int, blocks: int, generators=None) -> torch.Tensor | None:
+        """(B, blocks) uniforms that pick each row's noisy blocks (the `noisy_blocks` smallest among its
+        blocks); None when noisy_blocks is None (nothing is drawn then)."""
+        if self.noisy_blocks is None:
+            return None
+        if generators is None or isinstance(generators, torch.Generator):
+            return torch.rand(batch, blocks, generator=generators)
+        return torch.stack([torch.rand(blocks, generator=g) for g in generators])
+
+    def layout(self, clean: dict, block_size: int, windows: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Where the noisy copy comes from, for block size k: (offset (B,M): position after the row's
+        origin in x that noisy position j copies, real (B,M): j holds a token of the row (not padding),
+        full (B,): the row's whole noisy length). Without `noisy_blocks` the offset of j is j; with it,
+        the j-th noisy block is the row's chosen block (`windows`, from `draw_windows`)."""
+        k = int(block_size)
+        full = self.noisy_lengths(clean, k).to(clean["input_ids"].device)
+        dev = full.device
+        m = self.noisy_length(clean, k)
+        j = torch.arange(m, device=dev)
+        if self.noisy_blocks is None:
+            return j[None].expand(len(full), m), j[None] < full[:, None], full
+        if windows is None:
+            raise ValueError("noisy_blocks needs the window uniforms (draw_windows)")
+        blocks = -(-full // k)                                              # (B,) blocks in each full copy
+        nb = int(blocks.max())
+        if windows.shape[1] < nb:
+            raise ValueError(f"need {nb} window uniforms per sequence for block size {k}, got {windows.shape[1]}")
+        score = windows[:, :nb].to(dev).masked_fill(torch.arange(nb, device=dev)[None] >= blocks[:, None], 2.0)
+        w = min(self.noisy_blocks, nb)
+        chosen = score.argsort(dim=1, stable=True)[:, :w].sort(dim=1).values  # (B, w) in order of x
+        slot = j // k
+        offset = chosen.gather(1, slot[None].expand(len(full), m)) * k + (j % k)[None]
+        real = (slot[None] < blocks.clamp(max=w)[:, None]) & (offset < full[:, None])
+        return offset, real, full
+
+    def sources(self, clean: dict, block_size: int, windows: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, M): the position in x that each noisy position copies; −1 for EOS padding and padding."""
+        offset, real, _ = self.layout(clean, block_size, windows)
+        origin = self._origins(clean).to(offset.device)
+        from_x = real & (offset < (clean["lengths"].to(offset.device) - origin)[:, None])
+        return torch.where(from_x, origin[:, None] + offset, -1)
+
     def corrupt(self, clean: dict, block_size: int, eta: torch.Tensor, u: torch.Tensor,
-                dense_mask: bool = True, block_noise: torch.Tensor | None = None) -> dict:
+                dense_mask: bool = True, block_noise: torch.Tensor | None = None,
+                windows: torch.Tensor | None = None) -> dict:
         """The doubled batch for block size k: position p of the noisy copy is masked iff u < η (or, in a
         suffix-masked block, iff p lies at or after the block's cut).
 
-        u: (B, ≥M) uniforms; block_noise: `draw_block_noise`'s draw (needed when suffix_share > 0).
+        u: (B, ≥M) uniforms; block_noise: `draw_block_noise`'s draw (needed when suffix_share > 0);
+        windows: `draw_windows`'s draw (needed when noisy_blocks is set).
         Returns input_ids, position_ids (B,T), attention_mask (B,1,T,T) bool, labels (B,T) and
         num_clean = L, where T = L + M. dense_mask=False leaves attention_mask None (the caller builds a
         flex_attention BlockMask instead, from `noisy_lengths`).
@@ -176,14 +245,15 @@ class SBDDataCollator:
         k = int(block_size)
         origin = self._origins(clean).to(dev)
         n_src = lengths - origin                                             # tokens of x in the noisy copy
-        n_noisy = self.noisy_lengths(clean, k).to(dev)                       # plus the EOS padding
-        m = int(n_noisy.max())
+        offset, noisy_real, n_noisy = self.layout(clean, k, windows)        # n_noisy: plus the EOS padding
+        m = offset.shape[1]
         if u.shape[1] < m:
             raise ValueError(f"need {m} uniforms per sequence for block size {k}, got {u.shape[1]}")
+        if self.noisy_blocks is not None and not dense_mask:
+            raise SBDError("noisy_blocks needs the dense training mask (SDPA); flex_attention does not support it")
         j = torch.arange(m, device=dev)
-        src_pos = origin[:, None] + j[None]                                  # (B,M) position in x
-        noisy_real = j[None] < n_noisy[:, None]
-        from_x = j[None] < n_src[:, None]
+        src_pos = origin[:, None] + offset                                   # (B,M) position in x
+        from_x = offset < n_src[:, None]
         src = torch.where(from_x, ids.gather(1, src_pos.clamp(max=n - 1)),
                           self.eos_token_id if self.eos_token_id is not None else self.pad_token_id)
         masked = u[:, :m].to(dev) < eta.to(dev)[:, None]
@@ -200,13 +270,14 @@ class SBDDataCollator:
         clean_real = torch.arange(n, device=dev)[None] < lengths[:, None]
 
         t = n + m
-        allowed = self._mask(n, m, k, origin, clean_real, noisy_real) if dense_mask else None
+        block_x = origin[:, None] + offset - offset % k                     # (B,M) where each block starts in x
+        allowed = self._mask(n, m, k, block_x, clean_real, noisy_real) if dense_mask else None
 
         labels = torch.full((b, t), IGNORE, dtype=torch.long, device=dev)
         nxt = torch.arange(1, n, device=dev)[None]
         ntp_ok = (nxt < lengths[:, None]) & (nxt >= prompt[:, None])
         labels[:, : n - 1] = torch.where(ntp_ok, ids[:, 1:], IGNORE)
-        complete = j[None] < (n_noisy // k * k)[:, None]                    # padded rows are complete
+        complete = offset < (n_noisy // k * k)[:, None]                     # padded rows are complete
         matp_ok = masked & complete & (src_pos >= prompt[:, None])
         labels[:, n:] = torch.where(matp_ok, src, IGNORE)
 
@@ -217,9 +288,10 @@ class SBDDataCollator:
                 "attention_mask": None if allowed is None else allowed[:, None], "labels": labels, "num_clean": n}
 
     @staticmethod
-    def _mask(n: int, m: int, k: int, origin, clean_real, noisy_real) -> torch.Tensor:
-        """(B,T,T) bool, T = n + m: the training mask (docs/method.md §2) with noisy blocks starting at `origin`, no attention
-        to or from padding, and every padding row allowed to see itself (no empty softmax row)."""
+    def _mask(n: int, m: int, k: int, block_x, clean_real, noisy_real) -> torch.Tensor:
+        """(B,T,T) bool, T = n + m: the training mask (docs/method.md §2), where noisy position j's block
+        starts at `block_x[b, j]` in x, no attention to or from padding, and every padding row allowed to
+        see itself (no empty softmax row)."""
         dev = clean_real.device
         t, b = n + m, clean_real.shape[0]
         start = torch.arange(m, device=dev).div(k, rounding_mode="floor") * k    # first position of q's block
@@ -227,8 +299,8 @@ class SBDDataCollator:
         allowed[:, :n, :n] = torch.ones(n, n, dtype=torch.bool, device=dev).tril()   # clean -> clean causal
         allowed[:, :n, n:] = False                                                # clean never sees noisy
         allowed[:, n:, n:] = start[:, None] == start[None]                        # noisy -> same noisy block
-        # noisy -> clean strictly before the block (the only batch-dependent part): kv < origin + start
-        allowed[:, n:, :n] = torch.arange(n, device=dev) < (origin[:, None] + start[None])[:, :, None]
+        # noisy -> clean strictly before the block's place in x (the only batch-dependent part)
+        allowed[:, n:, :n] = torch.arange(n, device=dev) < block_x[:, :, None]
         real = torch.cat([clean_real, noisy_real], 1)
         allowed &= real[:, :, None]
         allowed &= real[:, None, :]
@@ -254,6 +326,8 @@ class SBDDataCollator:
         k = self.draw_block_size(self.generator)
         m = self.noisy_length(clean, k)
         eta, u = self.draw_noise(len(features), m, self.generator)
-        out = self.corrupt(clean, k, eta, u, block_noise=self.draw_block_noise(len(features), m, self.generator))
+        windows = self.draw_windows(len(features), self.block_count(clean, k), self.generator)
+        out = self.corrupt(clean, k, eta, u, block_noise=self.draw_block_noise(len(features), m, self.generator),
+                           windows=windows)
         out.pop("num_clean")
         return out

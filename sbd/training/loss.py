@@ -23,8 +23,16 @@ class LossParts:
     matp_count: torch.Tensor
 
 
+def position_weights(offsets: torch.Tensor, decay: float) -> torch.Tensor:
+    """Loss weight of a masked target at `offsets` (its place in its block, 0-based): decay^(offset − 1),
+    and 1 at offsets 0 and 1. In sbd-verify the block's first position is the next token (NTP's, not the
+    draft's) and a draft token only counts if every one before it stood, so the first draft positions
+    decide acceptance; decay < 1 weights the far ones down (as Medusa and EAGLE do for far heads)."""
+    return float(decay) ** (offsets - 1).clamp_min(0).to(torch.float32)
+
+
 def sbd_loss(logits: torch.Tensor, labels: torch.Tensor, num_clean: int | None = None,
-             denominator=None) -> LossParts:
+             denominator=None, weights: torch.Tensor | None = None) -> LossParts:
     """Cross-entropy of `logits` (B,T,V) against `labels` (B,T), already aligned (no shift here).
 
     `logits` may also be (N,V): the rows of the N labelled positions only (`labels != -100`, row-major
@@ -32,7 +40,10 @@ def sbd_loss(logits: torch.Tensor, labels: torch.Tensor, num_clean: int | None =
 
     num_clean: length of the clean half (default T // 2; T for an NTP batch). denominator: the number of
     targets the mean is taken over (default: this batch's; a trainer passes the whole step's, so that
-    gradient accumulation and data parallelism give the pooled mean of the full step).
+    gradient accumulation and data parallelism give the pooled mean of the full step). weights: (N,) a
+    weight per labelled position (row-major) for the differentiable loss, whose mean is then taken over
+    the weights' total (`denominator` should then be the step's total weight); the logged sums stay
+    plain cross-entropy.
     """
     t = labels.shape[1]
     num_clean = t // 2 if num_clean is None else num_clean
@@ -50,6 +61,15 @@ def sbd_loss(logits: torch.Tensor, labels: torch.Tensor, num_clean: int | None =
     matp_sum = (total.detach() - ntp_sum)
     ntp_count = in_clean.sum()
     matp_count = valid.sum() - ntp_count
+    if weights is not None:
+        weights = weights.to(ce.device, ce.dtype)
+        if weights.shape != ce.shape:
+            raise ValueError(f"{tuple(weights.shape)} weights for {ce.shape[0]} labelled positions")
+        total_w = (ce * weights).sum()
+        if denominator is None:
+            denominator = weights.sum()
+        loss = total_w / torch.as_tensor(denominator, device=total.device).clamp_min(1e-8)
+        return LossParts(loss, ntp_sum, ntp_count, matp_sum, matp_count)
     if denominator is None:
         denominator = valid.sum()
     loss = total / torch.as_tensor(denominator, device=total.device).clamp_min(1)

@@ -72,6 +72,17 @@ class TrainConfig:
     suffix_share: float = field(default=0.0, metadata=_opt(
         "share of blocks masked as a suffix (first tokens visible, the rest masked) instead of independently at "
         "rate eta"))
+    noisy_blocks: Optional[int] = field(default=None, metadata=_opt(
+        "train only this many randomly drawn blocks of each sequence per step instead of all of them (the step "
+        "costs in proportion to the blocks trained; the clean half stops after the last one). Default: all"))
+    train_layers_from: int = field(default=0, metadata=_opt(
+        "--adapter: train the updates of decoder layers >= N only; those below and the mask embedding keep their "
+        "values (e.g. from a warm start), and the masked half runs them without autograd (cheaper steps). 0: all"))
+    position_decay: Optional[float] = field(default=None, metadata=_opt(
+        "--adapter: weight a masked target at block offset i by DECAY^(i-1) (offsets 0 and 1 weigh 1): the first "
+        "draft positions decide how many tokens sbd-verify accepts. Default: equal weights"))
+    group_by_length: bool = field(default=False, metadata=_opt(
+        "batch sequences of similar length together (less padding computed per step)"))
     seed: int = field(default=0, metadata=_opt("seed of initialisation-free randomness: data order, masks, k"))
     save_steps: int = field(default=500, metadata=_opt("checkpoint every N steps, and at the end"))
     save_total_limit: int = field(default=2, metadata=_opt("checkpoints kept (0 keeps all)"))
@@ -89,7 +100,8 @@ class TrainConfig:
 
     resume_keys = ("data", "mode", "adapter", "rank", "alpha", "kl_weight", "steps", "batch_size", "grad_accum", "lr", "warmup_steps", "max_len",
                    "block_size_min", "block_size_max", "block_size", "mask_rate", "align_to_completion",
-                   "last_block", "suffix_share", "seed")
+                   "last_block", "suffix_share", "noisy_blocks", "train_layers_from", "position_decay",
+                   "group_by_length", "seed")
 
     def __post_init__(self):
         self.model, self.data, self.out = str(self.model), str(self.data), str(self.out)
@@ -127,6 +139,17 @@ class TrainConfig:
             raise SBDError(f"--mask-rate must lie in (0, 1], got {self.mask_rate}")
         if not 0 <= self.suffix_share <= 1:
             raise SBDError(f"--suffix-share must lie in [0, 1], got {self.suffix_share}")
+        if self.noisy_blocks is not None and (not isinstance(self.noisy_blocks, int) or self.noisy_blocks < 1):
+            raise SBDError(f"--noisy-blocks must be >= 1, got {self.noisy_blocks!r}")
+        if (self.train_layers_from or self.position_decay is not None) and self.adapter is None:
+            raise SBDError("--train-layers-from and --position-decay apply to --adapter runs only")
+        if not isinstance(self.train_layers_from, int) or self.train_layers_from < 0:
+            raise SBDError(f"--train-layers-from must be >= 0, got {self.train_layers_from!r}")
+        if self.position_decay is not None and not (
+                isinstance(self.position_decay, (int, float)) and 0 < self.position_decay <= 1):
+            raise SBDError(f"--position-decay must lie in (0, 1], got {self.position_decay}")
+        if self.noisy_blocks is not None and self.attention == "flex":
+            raise SBDError("--noisy-blocks needs the dense SDPA mask; it cannot be combined with --attention flex")
         if self.save_total_limit < 0:
             raise SBDError(f"--save-total-limit must be >= 0, got {self.save_total_limit}")
         for name, choices in (("mode", ("sbd", "ntp")), ("last_block", ("eos", "drop")),
@@ -275,7 +298,7 @@ def _run(config: TrainConfig) -> Path:
     records = load_records(config.data)
     cuda = torch.cuda.is_available()
     model, tokenizer = load(config.model, device="cuda" if cuda else "cpu", dtype=torch.float32)
-    if cuda and config.adapter is None and config.attention in ("auto", "flex"):
+    if cuda and config.adapter is None and config.attention in ("auto", "flex") and config.noisy_blocks is None:
         try:
             model.set_attn_implementation("flex_attention")
         except Exception as e:  # an architecture without flex support keeps SDPA
@@ -304,6 +327,10 @@ def _run(config: TrainConfig) -> Path:
             start.config.block_size = config.block_size or config.block_size_max
             start.requires_grad_(True)
             print(f"continuing the drafting adapter of {config.model} (its weights are the starting point)")
+        if config.train_layers_from:
+            from .adapter_forward import freeze_below
+
+            freeze_below(model, config.train_layers_from)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     dataset = tokenize_records(records, tokenizer, config.max_len, mask_id)
@@ -314,15 +341,17 @@ def _run(config: TrainConfig) -> Path:
     collator = SBDDataCollator(tokenizer, mask_token_id=mask_id, block_size=config.block_size,
                                mask_rate=config.mask_rate, block_size_range=(config.block_size_min, config.block_size_max),
                                align_to_completion=config.align_to_completion, last_block=config.last_block,
-                               suffix_share=config.suffix_share)
+                               suffix_share=config.suffix_share, noisy_blocks=config.noisy_blocks)
     training_args = sbd_training_args(
         config.out, steps=config.steps, batch_size=config.batch_size, lr=config.lr, warmup_steps=config.warmup,
         grad_accum=config.grad_accum, seed=config.seed, save_steps=config.save_steps,
-        save_total_limit=config.save_total_limit or None, logging_steps=config.logging_steps)
+        save_total_limit=config.save_total_limit or None, logging_steps=config.logging_steps,
+        **({"train_sampling_strategy": "group_by_length"} if config.group_by_length else {}))
     out = Path(config.out)
     trainer = SBDTrainer(model, training_args, data_collator=collator, train_dataset=dataset,
                          processing_class=tokenizer, mode="adapter" if config.adapter else config.mode,
-                         kl_weight=config.kl_weight, metrics_file=out / METRICS_FILE,
+                         kl_weight=config.kl_weight, grad_layer=config.train_layers_from,
+                         position_decay=config.position_decay, metrics_file=out / METRICS_FILE,
                          show_progress=config.progress, convergence_examples=heldout,
                          convergence_steps=config.eval_steps, convergence_block_size=config.eval_block_size)
     main = trainer.is_world_process_zero()

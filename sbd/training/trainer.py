@@ -39,7 +39,7 @@ from .attention import training_logits
 from .collator import SBDDataCollator
 from .adapter_forward import adapter_logits, kl_sum
 from .collator import IGNORE
-from .loss import sbd_loss
+from .loss import position_weights, sbd_loss
 
 MODES = ("sbd", "ntp", "adapter")
 _MASK64 = (1 << 64) - 1
@@ -107,13 +107,17 @@ class SBDTrainer(Trainer):
     def __init__(self, model=None, args: TrainingArguments | None = None, data_collator=None, train_dataset=None,
                  processing_class=None, *, mode: str = "sbd", metrics_file=None, show_progress: bool = True,
                  convergence_examples=None, convergence_steps: int | None = None, convergence_block_size: int = 16,
-                 kl_weight: float = 0.0, **kwargs):
+                 kl_weight: float = 0.0, grad_layer: int = 0, position_decay: float | None = None, **kwargs):
         if mode not in MODES:
             raise SBDError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
         if mode == "adapter" and adapter_of(model) is None:
             raise SBDError("mode='adapter' trains a drafting adapter: attach one first (sbd.adapter.attach)")
         if kl_weight and mode != "adapter":
             raise SBDError("kl_weight applies to mode='adapter' only")
+        if (grad_layer or position_decay is not None) and mode != "adapter":
+            raise SBDError("grad_layer and position_decay apply to mode='adapter' only")
+        if position_decay is not None and not (isinstance(position_decay, (int, float)) and 0 < position_decay <= 1):
+            raise SBDError(f"position_decay must lie in (0, 1], got {position_decay!r}")
         if model is None or train_dataset is None:
             raise SBDError("SBDTrainer needs a model and a train_dataset")
         model_mask = getattr(model.config, "sbd_mask_token_id", None)
@@ -135,6 +139,8 @@ class SBDTrainer(Trainer):
         self.sbd_collator = data_collator
         self.mode = mode
         self.kl_weight = float(kl_weight)
+        self.grad_layer = int(grad_layer)  # decoder layers below it run without autograd (adapter_forward.py)
+        self.position_decay = position_decay
         self.noise_seed = data_collator.seed if data_collator.seed is not None else args.seed
         self.loss_is_scaled_for_ga = True  # compute_loss divides by the whole step's target count
         # logits only at labelled positions (both modes) and, on CPU with SDPA, causal attention for the
@@ -184,8 +190,10 @@ class SBDTrainer(Trainer):
                     for row, i in enumerate(clean["index"].tolist())]
             gens = [torch.Generator().manual_seed(s) for s in keys]
             eta, u = c.draw_noise(len(keys), m, gens)
+            windows = c.draw_windows(len(keys), c.block_count(clean, k), gens)
             flex = self._use_flex()
-            batch = c.corrupt(clean, k, eta, u, dense_mask=not flex, block_noise=c.draw_block_noise(len(keys), m, gens))
+            batch = c.corrupt(clean, k, eta, u, dense_mask=not flex, block_noise=c.draw_block_noise(len(keys), m, gens),
+                              windows=windows)
             if flex:
                 from .flex import training_block_mask
 
@@ -195,10 +203,9 @@ class SBDTrainer(Trainer):
             if self.mode == "adapter":  # the NTP head is frozen: no NTP targets; where each noisy token comes from
                 n = clean["input_ids"].shape[1]
                 batch["labels"][:, :n] = IGNORE
-                origin = c._origins(clean)
-                j = torch.arange(m)
-                batch["source_positions"] = torch.where(j[None] < (clean["lengths"] - origin)[:, None],
-                                                        origin[:, None] + j[None], -1)
+                batch["source_positions"] = c.sources(clean, k, windows)
+                if self.position_decay is not None:
+                    batch["loss_weights"] = self._weights(batch["labels"], n, k)
         batch["num_tokens"] = clean["lengths"].sum()
         return batch
 
@@ -214,10 +221,18 @@ class SBDTrainer(Trainer):
         batches = [self.build_batch(c, step, i) for i, c in enumerate(cleans)]
         return batches, self._get_num_items_in_batch(batches, device)
 
+    def _weights(self, labels: torch.Tensor, num_clean: int, block_size: int) -> torch.Tensor:
+        """(N,) loss weights of the labelled noisy positions, row-major (`loss.position_weights`)."""
+        offsets = (labels[:, num_clean:] != IGNORE).nonzero()[:, 1] % block_size
+        return position_weights(offsets, self.position_decay)
+
     def _get_num_items_in_batch(self, batch_samples, device):
         if not batch_samples:
             return None
-        count = sum((b["labels"] != -100).sum() for b in batch_samples).to(device)
+        if self.position_decay is not None:  # the weighted mean is over the step's total weight
+            count = sum(b["loss_weights"].sum() for b in batch_samples).to(device)
+        else:
+            count = sum((b["labels"] != -100).sum() for b in batch_samples).to(device)
         if self.args.world_size > 1:
             count = self.accelerator.gather(count).sum()
         return count
@@ -229,9 +244,11 @@ class SBDTrainer(Trainer):
         num_clean = inputs.pop("num_clean")
         num_tokens = inputs.pop("num_tokens")
         source = inputs.pop("source_positions", None)
+        weights = inputs.pop("loss_weights", None)
         kl = None
         if self.mode == "adapter":  # two passes, the clean one without autograd (training/adapter_forward.py)
-            out = adapter_logits(model, inputs, labels, num_clean, source if self.kl_weight else None)
+            out = adapter_logits(model, inputs, labels, num_clean, source if self.kl_weight else None,
+                                 grad_layer=self.grad_layer)
             outputs, logits = None, out.logits
             if self.kl_weight:
                 kl = kl_sum(out.logits, out.base_logits, out.kl_valid)
@@ -241,10 +258,11 @@ class SBDTrainer(Trainer):
         else:  # same loss and gradients, cheaper: see sbd/training/attention.py
             outputs = None
             logits = training_logits(model, inputs, labels, num_clean if self.mode == "sbd" else None)
-        parts = sbd_loss(logits, labels, num_clean, num_items_in_batch)
+        parts = sbd_loss(logits, labels, num_clean, num_items_in_batch, weights)
         loss = parts.loss
         if kl is not None:
-            denominator = num_items_in_batch if num_items_in_batch is not None else (labels != IGNORE).sum()
+            denominator = num_items_in_batch if num_items_in_batch is not None else (
+                weights.sum() if weights is not None else (labels != IGNORE).sum())
             loss = loss + self.kl_weight * kl / torch.as_tensor(denominator, device=kl.device).clamp_min(1)
         if not torch.isfinite(loss.detach()):
             last = ckpt.latest_checkpoint(self.args.output_dir)
