@@ -1,0 +1,122 @@
+"""Tree drafts against chain drafts (issue 28): SmolLM2-135M-Instruct with its shipped adapter, greedy,
+batch 1, through the chat template. Tokens per forward and wall time of each configuration, against
+Hugging Face greedy `generate` and Hugging Face prompt-lookup, in one process, configurations interleaved
+prompt by prompt; every output checked against the model's own greedy tokens.
+
+    python benchmarks/smollm2/tree_drafts.py --prompts runs/campaign/eval/heldout_gsm.jsonl --n 6 \
+        --configs "chain;tree=2;tree=3,2;tree=3,2,1;tree=4,2,2,1" --out FILE.md
+
+A configuration is `;`-separated, with `+`-joined settings: chain, tree=W1,W2,…, lookup, adaptive,
+block=K (e.g. "tree=3,2+lookup+adaptive").
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+
+def parse(config: str, block: int) -> dict:
+    """`generate` keyword arguments of one configuration string."""
+    kw = {"method": "sbd-verify", "block_size": block}
+    for part in config.split("+"):
+        if part == "chain":
+            continue
+        if part.startswith("tree="):
+            kw["tree"] = part[5:]
+        elif part == "lookup":
+            kw["lookup"] = True
+        elif part == "adaptive":
+            kw["draft"] = "adaptive"
+        elif part.startswith("block="):
+            kw["block_size"] = int(part[6:])
+        else:
+            raise SystemExit(f"unknown setting {part!r} in {config!r}")
+    return kw
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--prompts", required=True)
+    ap.add_argument("--n", type=int, default=6)
+    ap.add_argument("--block-size", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--configs", default="chain;tree=2;tree=3,2;tree=3,2,1;tree=4,2,2,1")
+    ap.add_argument("--no-timing", action="store_true", help="forwards only (one pass, no HF baselines)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    import sbd
+    from sbd.decoding.generate import encode_prompts
+    from sbd.tasks.prompts import load_prompts
+
+    model, tok = sbd.load(args.model)
+    ids = encode_prompts(tok, load_prompts(args.prompts)[: args.n], chat=True)
+    configs = [c.strip() for c in args.configs.split(";") if c.strip()]
+    ref, hf_t, pl_t = [], [], []
+    stats = {c: {"nfe": 0, "tokens": 0, "same": 0, "t": []} for c in configs}
+
+    def hf(p, lookup):
+        x = torch.tensor([p])
+        kw = {"prompt_lookup_num_tokens": 10} if lookup else {}
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=args.max_new_tokens,
+                                 do_sample=False, pad_token_id=tok.eos_token_id, **kw)
+        return out[0, len(p):].tolist(), time.perf_counter() - t0
+
+    for i, p in enumerate(ids):
+        base = sbd.generate(model, tok, [p], method="ntp", max_new_tokens=args.max_new_tokens).token_ids[0]
+        ref.append(base)
+        if not args.no_timing:
+            _, t = hf(p, False)
+            hf_t.append(t)
+            _, t = hf(p, True)
+            pl_t.append(t)
+        for c in configs:
+            t0 = time.perf_counter()
+            r = sbd.generate(model, tok, [p], max_new_tokens=args.max_new_tokens, **parse(c, args.block_size))
+            dt = time.perf_counter() - t0
+            s = stats[c]
+            s["nfe"] += r.nfe[0]
+            s["tokens"] += len(r.token_ids[0])
+            s["same"] += r.token_ids[0] == base
+            s["t"].append(dt)
+        print(f"prompt {i + 1}/{len(ids)} done", flush=True)
+
+    head = (f"sbd-verify drafts on {args.model} (shipped adapter), {len(ids)} prompts of {Path(args.prompts).name}, "
+            f"greedy, batch 1, chat template, at most {args.max_new_tokens} new tokens, block {args.block_size}; "
+            f"{platform.machine()} {args.threads} threads, torch {torch.__version__}; configurations interleaved "
+            "prompt by prompt; time = summed wall time over the prompts.")
+    lines = [head, "", "| drafts | tokens / forward | identical to greedy | vs HF greedy (time) | vs HF prompt-lookup (time) |",
+             "|---|---:|---:|---:|---:|"]
+    for c in configs:
+        s = stats[c]
+        tpf = s["tokens"] / max(1, s["nfe"])
+        speed = "-" if args.no_timing else f"{sum(hf_t) / sum(s['t']):.2f}x"
+        speed_pl = "-" if args.no_timing else f"{sum(pl_t) / sum(s['t']):.2f}x"
+        lines.append(f"| {c} | {tpf:.2f} | {s['same']}/{len(ids)} | {speed} | {speed_pl} |")
+    if not args.no_timing:
+        lines.append(f"| HF prompt-lookup (10) | - | - | {sum(hf_t) / sum(pl_t):.2f}x | 1.00x |")
+        lines += ["", f"Per-prompt median seconds: HF greedy {statistics.median(hf_t):.2f}, HF prompt-lookup "
+                  f"{statistics.median(pl_t):.2f}; " + ", ".join(f"{c} {statistics.median(stats[c]['t']):.2f}"
+                                                             for c in configs) + "."]
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        cmd = "python benchmarks/smollm2/tree_drafts.py " + " ".join(
+            f"--{a.replace('_', '-')} {v!r}" if isinstance(v, str) else f"--{a.replace('_', '-')} {v}"
+            for a, v in vars(args).items() if v not in (None, False) and a != "out")
+        Path(args.out).write_text(text + f"\n\nCommand: `{cmd}`\n")
+
+
+if __name__ == "__main__":
+    main()
