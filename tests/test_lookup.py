@@ -19,14 +19,14 @@ from sbd import adapter as adapters
 from sbd.decoding.rows import VerifyRow
 
 
-def _row(seq, block_size=4):
-    row = VerifyRow(seq, block_size=block_size, mask_id=31, lookup=True, max_new=10)
+def _row(seq, lookup_max=3):
+    row = VerifyRow(seq, block_size=4, mask_id=31, lookup=True, lookup_max=lookup_max, max_new=10)
     return row._lookup()
 
 
 def test_lookup_takes_the_latest_match_of_the_longest_ngram():
-    assert _row([7, 1, 2, 3, 4, 5, 6, 8, 1, 2, 3, 9, 9, 1, 2, 3]) == [9, 9, 1]  # latest of two, capped at k - 1
-    assert _row([7, 1, 2, 3, 4, 5, 6, 8, 1, 2, 3, 9, 9, 1, 2, 3], block_size=8) == [9, 9, 1, 2, 3, 9, 9]  # repeats
+    assert _row([7, 1, 2, 3, 4, 5, 6, 8, 1, 2, 3, 9, 9, 1, 2, 3]) == [9, 9, 1]  # latest of two, capped
+    assert _row([7, 1, 2, 3, 4, 5, 6, 8, 1, 2, 3, 9, 9, 1, 2, 3], lookup_max=7) == [9, 9, 1, 2, 3, 9, 9]  # repeats
     assert _row([5, 2, 3, 4, 6, 7, 8, 1, 2, 3]) == [4, 6, 7]  # no earlier [1, 2, 3]: the 2-gram [2, 3]
     assert _row([3, 4, 2, 3, 9, 1, 2, 3]) == [9, 1, 2]  # the 2-gram's latest match
     assert _row([1, 2, 3, 7, 5, 2, 3, 8, 1, 2, 3]) == [7, 5, 2]  # a 3-gram match wins over a later 2-gram one
@@ -46,10 +46,15 @@ def test_repeating_output_is_drafted_by_lookup_when_the_masks_are_wrong():
     expected = [_cycle(p) for p in range(3, 43)]
     assert plain.token_ids[0] == looked.token_ids[0] == expected
     assert plain.nfe == [40] and plain.lookup_accepted == [0]
-    per_forward = Counter(looked.steps[0])
-    assert looked.nfe[0] <= 15 and max(per_forward.values()) == 8  # a whole block (7 drafted + 1) per forward
-    assert list(per_forward.values())[-3:-1] == [8, 8]  # once the cycle has been seen
+    # Output 6 7 3 4 5 6 7 3 …: forwards 1-5 find no match or a wrong one ([6, 7] → 6 7 6 7 …); forward 6
+    # drafts from [5, 6] in the prompt (7 6 7 3 …: the 7 stands); from forward 8 on, [6, 7, 3] has been
+    # seen and lookup drafts the cycle, 16 tokens (lookup_max, twice the block) + 1, then the last 14 + 1.
+    assert looked.accepted[0] == [0, 0, 0, 0, 0, 0, 1, 16, 14] and looked.nfe == [9]
+    assert max(Counter(looked.steps[0]).values()) == 17 > 8
     assert looked.lookup_accepted[0] == sum(looked.accepted[0]) > 25
+    capped = sbd.generate(model, None, [[5, 6, 7]], lookup=True, lookup_max=7, **kw)  # the old cap: block − 1
+    assert capped.token_ids == looked.token_ids and capped.nfe == [11]
+    assert capped.accepted[0] == [0, 0, 0, 0, 0, 0, 1, 7, 7, 7, 7]  # a whole block (7 drafted + 1) per forward
 
 
 def test_a_wrong_lookup_draft_keeps_its_prefix_and_costs_no_extra_forward():

@@ -21,8 +21,9 @@ from conftest import attach_random_adapter, _model
 
 SEQUENCES = int(os.environ.get("SBD_SCHEDULER_SEQUENCES", "16"))  # per architecture and prefill mode
 METHODS = [("ntp", {}), ("sbd", {"gamma": 0.35}), ("sbd-verify", {}),
-           ("sbd-verify", {"draft": "adaptive", "cost": lambda w: 1 + 0.08 * w}), ("sbd-verify", {"lookup": True})]
-BLOCK = 4
+           ("sbd-verify", {"draft": "adaptive", "cost": lambda w: 1 + 0.08 * w}),
+           ("sbd-verify", {"lookup": True, "lookup_max": 8})]
+BLOCK = 4  # lookup drafts up to 8 tokens, longer than a block, in a forward no wider than 2 · BLOCK + 1
 
 
 def _new_row(model, rng: random.Random, vocab: int):

@@ -62,6 +62,10 @@ def _add_generate(sub) -> None:
                    help="sbd-verify, greedy, --draft block or adaptive: draft what followed the last 3 (else 2) "
                         "tokens where they occurred earlier in the prompt or output (prompt lookup), else the masks' "
                         "draft; the output is still NTP's")
+    p.add_argument("--lookup-max", type=_positive, default=16, metavar="N",
+                   help="with --lookup: the longest lookup draft, independent of --block-size; the draft runs as "
+                        "long as the earlier occurrence goes on, up to N tokens, and is verified without masks "
+                        "beside it (default: 16)")
     p.add_argument("--tree", default=None, metavar="WIDTHS",
                    help="sbd-verify, greedy, --draft block or adaptive: tree drafts with these widths per depth, "
                         "e.g. 3,2,1 (depth 1: the masks' 3 most likely tokens, depth 2: the 2 most likely "
@@ -165,7 +169,7 @@ def cmd_generate(args) -> None:
     for method in methods:
         mkw = {**kw, "draft": args.draft} if method == "sbd-verify" else kw
         if args.lookup and (method == "sbd-verify" or not args.compare):  # generate refuses it elsewhere
-            mkw = {**mkw, "lookup": True}
+            mkw = {**mkw, "lookup": True, "lookup_max": args.lookup_max}
         if args.tree is not None and (method == "sbd-verify" or not args.compare):
             mkw = {**mkw, "tree": args.tree}
         generate(model, tokenizer, args.prompts, method=method, **{**mkw, "max_new_tokens": 2})  # warm-up

@@ -133,8 +133,9 @@ class Engine:
     """Rows decoded together, each at its own pace (module docstring).
 
     slots: the most rows at once; capacity: cache positions per row (prompt + budget + scratch).
-    max_width: the widest decoding forward (a verify step: 2·block + 1); padding of a forward writes up
-    to that far past a row's end. static_widths: pad every decoding forward to one of these widths over
+    max_width: the widest decoding forward (a verify step: 2·block + 1; a lookup draft: 1 + lookup_max;
+    a row's `needs_extra`); padding of a forward writes up to that far past a row's end, so a row wider
+    than that is refused. static_widths: pad every decoding forward to one of these widths over
     the whole cache, so shapes repeat (for `call`, e.g. a compiled model); prefills run eagerly.
     """
 
@@ -185,6 +186,9 @@ class Engine:
             raise SBDError(f"the engine is full ({self.slots} rows)")
         if row.needs > self.capacity:
             raise SBDError(f"prompt and budget need {row.needs} cache positions; this engine holds {self.capacity}")
+        if getattr(row, "needs_extra", 0) > self.trash and not self.static_widths:  # padding: past the scratch
+            raise SBDError(f"this row's forwards are up to {row.needs_extra} tokens wide; this engine's are at most "
+                           f"{self.trash} (max_width): lower block_size or lookup_max")
         if row in self._rows:
             raise SBDError("this row is already in the engine")
         self._rows.append(row)

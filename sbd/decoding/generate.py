@@ -20,7 +20,7 @@ from ..modes import eval_mode
 from ..sampler import PROXIES
 from .engine import Engine, ForwardRecord
 from .processing import Processing
-from .rows import make_row
+from .rows import VerifyRow, make_row
 from .trees import check_shape
 from .width_cost import forward_costs
 
@@ -189,7 +189,7 @@ def check_prompt_ids(model, tokenizer, prompt_ids: list[list[int]]) -> None:
 
 
 def _validate(model, method, block_size, gamma, proxy, max_new_tokens, temperature, stop, draft="block",
-              lookup=False, tree=None, static=False):
+              lookup=False, tree=None, static=False, lookup_max=VerifyRow.LOOKUP_MAX):
     if method not in METHODS:
         raise SBDError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
     check_shape(tree)
@@ -200,6 +200,8 @@ def _validate(model, method, block_size, gamma, proxy, max_new_tokens, temperatu
         raise SBDError("tree drafts have no fixed widths: static_shapes=True and compile=True refuse tree")
     if not isinstance(lookup, bool):
         raise SBDError(f"lookup is True or False, got {lookup!r}")
+    if not isinstance(lookup_max, int) or isinstance(lookup_max, bool) or lookup_max < 1:
+        raise SBDError(f"lookup_max must be an integer >= 1, got {lookup_max!r}")
     if lookup and (method != "sbd-verify" or temperature > 0 or draft == "eb"):
         raise SBDError("lookup=True applies to method='sbd-verify' with greedy decoding (temperature 0) and "
                        "draft='block' or 'adaptive'")
@@ -254,6 +256,7 @@ def generate(
     observer: Callable[[ForwardRecord], None] | None = None,
     draft: str = "block",
     lookup: bool = False,
+    lookup_max: int = VerifyRow.LOOKUP_MAX,
     tree: Sequence[int] | str | None = None,
     static_shapes: bool = False,
     compile: bool = False,
@@ -283,6 +286,9 @@ def generate(
     lookup (sbd-verify, greedy, draft "block" or "adaptive"): when the last 3 (else 2) tokens occurred
     earlier in the prompt or the output, draft what followed them there (prompt lookup) instead of the
     masks' draft; the tokens are still NTP's. `lookup_accepted` counts the kept draft tokens it proposed.
+    lookup_max: the longest lookup draft (default 16, independent of block_size): the draft runs as long
+    as the earlier occurrence goes on (then repeats it) up to this cap; a forward verifying a lookup
+    draft feeds no masks (they would only draft a forward that lookup drafts anyway).
     tree (sbd-verify, greedy, draft "block" or "adaptive"): widths per depth such as (3, 2, 1) (or
     "3,2,1"): each verifying forward carries a small tree instead of one chain — the chain as its main
     branch plus, at depth d, the w_d most likely extensions by the masks' top candidates (and, with
@@ -314,7 +320,7 @@ def generate(
     if block_size is None:
         block_size = default_block_size(model)
     _validate(model, method, block_size, gamma, proxy, max_new_tokens, temperature, stop, draft, lookup, tree,
-              static_shapes or compile)
+              static_shapes or compile, lookup_max)
     if compile and adapter_of(model) is not None:
         raise SBDError("compile=True is not supported with a drafting adapter yet (its gate moves every forward); "
                        "use static_shapes=True or plain eager decoding")
@@ -340,11 +346,14 @@ def generate(
 
     start = time.perf_counter()
     rows = [make_row(method, p, mask_id=mask_id, block_size=block_size, gamma=gamma, proxy=proxy, draft=draft,
-                     fixed=reveal_per_forward, seed=s, cost=cost, lookup=lookup, tree=tree, processing=processing,
+                     fixed=reveal_per_forward, seed=s, cost=cost, lookup=lookup, lookup_max=lookup_max, tree=tree,
+                     processing=processing,
                      **common)
             for p, s in zip(prompt_ids, seeds)]
     k = min(block_size, max_new_tokens)
     widths = () if not (static_shapes or compile) else (1,) if method == "ntp" else (k, 2 * k)
+    if widths and lookup:  # a lookup forward: the head and the draft (at most the budget's), no masks
+        widths = tuple(sorted({*widths, 1 + min(lookup_max, max_new_tokens - 1)}))
     widest = max([2 * block_size + 1] + [r.needs_extra for r in rows])  # a row's extra room = its widest forward
     engine = Engine(model, len(rows), max(r.needs for r in rows), max_width=widest,
                     observer=observer, static_widths=widths, call=compiled(model) if compile else None)

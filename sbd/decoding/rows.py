@@ -365,14 +365,28 @@ class VerifyRow(Row):
     another branch (`sbd.decoding.trees`). The greedy walk keeps the longest path whose every token is
     the next-token head's argmax at its parent, plus the head's next token; only that path stays in the
     cache (a compaction). `accepted` counts the kept draft nodes per forward, `proposed` the nodes put
-    up. The adaptive rule prices the branches' width too."""
+    up. The adaptive rule prices the branches' width too.
+
+    lookup (greedy): the draft is prompt lookup's when it finds a match (`_lookup`, at most
+    `lookup_max` tokens, from an index kept over prompt + output), else the masks'. A forward that
+    verifies a lookup draft, chain or tree, feeds no masks: they would only draft the next forward if
+    every draft token stood, and then lookup drafts it again (`feed`)."""
 
     PROBE_EVERY = 16
     LOOKUP_NGRAMS = (3, 2)  # prompt lookup: match the last 3 tokens, else the last 2
+    # The longest prompt-lookup draft. A lookup draft runs as long as its earlier occurrence does and is
+    # fed without masks (`feed`), so it costs its own width only: 16 makes a lookup forward (1 + 16) no
+    # wider than a verifying forward of the default block of 16 (2·16 + 1), so the default engine width
+    # and cache room stay as they were, while copied spans (code, names, quoted text) are drafted 16 at
+    # a time instead of block − 1 (Hugging Face's prompt lookup drafts 10).
+    LOOKUP_MAX = 16
 
     def __init__(self, prompt, *, block_size: int, mask_id: int, eb_gamma: float | None = None,
-                 proxy: str = "entropy", cost=None, lookup: bool = False, tree=None, **kw):
+                 proxy: str = "entropy", cost=None, lookup: bool = False, tree=None,
+                 lookup_max: int = LOOKUP_MAX, **kw):
         super().__init__(prompt, **kw)
+        if not isinstance(lookup_max, int) or isinstance(lookup_max, bool) or lookup_max < 1:
+            raise SBDError(f"lookup_max must be an integer >= 1, got {lookup_max!r}")
         self.tree = trees.check_shape(tree)
         if self.tree is not None and self.temperature > 0:
             raise SBDError("tree drafts are greedy only (temperature 0): the speculative acceptance of sampling "
@@ -383,13 +397,23 @@ class VerifyRow(Row):
         self.block_size, self.mask_id, self.eb_gamma, self.proxy = block_size, mask_id, eb_gamma, proxy
         self.cost = cost
         self.lookup = lookup  # greedy: draft from an earlier occurrence of the last tokens when there is one
+        self.lookup_max = lookup_max  # the longest lookup draft
         self.from_lookup = False  # the current draft came from prompt lookup
-        self.n_masks = block_size  # masks fed by the next verifying forward
+        self.n_masks = block_size  # masks fed by the next verifying forward that verifies no lookup draft
         self.plain_steps = 0  # consecutive next-token steps (adaptive drafting found no draft worth its width)
         self.rejections = 0  # verifying forwards in which a draft token was refused
-        self.needs_extra = 2 * block_size + 1  # cache positions a forward writes past the cache: its width
+        # Cache positions a forward writes past the cache: its widest feed. A forward verifying a lookup
+        # draft feeds no masks (`feed`); any other feeds a draft of at most block − 1 and block masks.
+        look = lookup_max if lookup else 0
+        self.needs_extra = max(2 * block_size + 1, 1 + look)
         if self.tree is not None:
-            self.needs_extra = trees.max_nodes(self.tree, block_size - 1) + block_size + 1
+            self.needs_extra = max(trees.max_nodes(self.tree, block_size - 1) + block_size + 1,
+                                   trees.max_nodes(self.tree, block_size - 1, look))
+        # prompt lookup's index over prompt + output: per n-gram size g, the g tokens → the latest start
+        # of an occurrence other than the sequence's own last g tokens (`_index_new_tokens`)
+        self._seq = list(self.prompt)  # prompt + output as far as known
+        self._indexed = 0  # the length of _seq when the index was last brought up to date
+        self._index: dict[int, dict[tuple[int, ...], int]] = {g: {} for g in self.LOOKUP_NGRAMS}
         self.branches: list[list[int]] = []  # tree: token paths from the head besides the main chain (the draft)
         self._fed: tuple[list[int], list[int], int] | None = None  # tree: (tokens, parents, masks) fed
         self._top = (0, 0)  # tree: (depths, candidates per depth) of the masks' top tokens asked for
@@ -407,32 +431,49 @@ class VerifyRow(Row):
         if self.refining is not None:
             return Feed(self.refining, 0, self.block_size)
         room = max(0, self.max_new - len(self.out) - 1)  # a forward yields at most n_draft + 1 tokens
+        # The masks only draft the next forward, and only when its lookup finds nothing. A lookup draft's
+        # occurrence always continues past it (what follows the match, then its repeat: `_lookup`), so
+        # if every draft token stands the next draft comes from lookup again: no masks beside it.
+        masks = 0 if self.from_lookup else self.n_masks
         if self.tree is not None:
             self.draft = self.draft[:room]
             tokens, parents = trees.build_tree(self.head, self.draft, [b[:room] for b in self.branches])
-            self._fed = (tokens, parents, self.n_masks)
+            self._fed = (tokens, parents, masks)
             chain = all(p == i - 1 for i, p in enumerate(parents))  # no branch: the engine's plain layout
             n = len(tokens)
-            return Feed(tokens + [self.mask_id] * self.n_masks, n, n + self.n_masks, None if chain else parents)
+            return Feed(tokens + [self.mask_id] * masks, n, n + masks, None if chain else parents)
         if len(self.draft) > room:
             self.draft = self.draft[:room]
             self.q_draft = self.q_draft[:room] if self.q_draft is not None else None
         n = len(self.draft)
-        return Feed([self.head] + self.draft + [self.mask_id] * self.n_masks, 1 + n, 1 + n + self.n_masks)
+        return Feed([self.head] + self.draft + [self.mask_id] * masks, 1 + n, 1 + n + masks)
+
+    def _index_new_tokens(self) -> list[int]:
+        """prompt + output, with the lookup index brought up to date: every g-gram that starts before
+        the last one (the sequence's own tail is no match) maps to its latest start. Only the tokens
+        committed since the last call are indexed: O(new tokens) per forward, not O(length)."""
+        seq, before = self._seq, self._indexed
+        seq += self.out[len(seq) - len(self.prompt) :]
+        for g, index in self._index.items():
+            # starts 0 … len − g − 1 are indexed; those up to before − g − 1 were already
+            for s in range(max(0, before - g), len(seq) - g):
+                index[tuple(seq[s : s + g])] = s  # a later start overwrites: the latest occurrence
+        self._indexed = len(seq)
+        return seq
 
     def _lookup(self) -> list[int]:
-        """Prompt lookup: the tokens (at most block_size - 1) that followed the latest earlier
-        occurrence of the last 3 (else 2) tokens of prompt + output; [] when there is none. A match
-        close to the end is continued as a repeat (a loop of 5 tokens drafts the loop again)."""
-        seq = self.prompt + self.out
+        """Prompt lookup: the tokens (at most `lookup_max`) that followed the latest earlier occurrence of
+        the last 3 (else 2) tokens of prompt + output; [] when there is none. What follows the match up
+        to the end of the sequence is continued as a repeat (a loop of 5 tokens drafts the loop again),
+        so the continuation never ends and the draft is `lookup_max` tokens long."""
+        seq = self._index_new_tokens()
         for g in self.LOOKUP_NGRAMS:
             if len(seq) <= g:
                 continue
-            tail, first = seq[-g:], seq[-g]
-            for s in range(len(seq) - g - 1, -1, -1):  # latest first; the tail itself is not a match
-                if seq[s] == first and seq[s : s + g] == tail:
-                    period = len(seq) - s - g  # what follows the match, up to the end, repeats from there
-                    return [seq[s + g + i % period] for i in range(self.block_size - 1)]
+            s = self._index[g].get(tuple(seq[-g:]))
+            if s is not None:
+                period = len(seq) - s - g  # what follows the match, up to the end, repeats from there
+                return [seq[s + g + i % period] for i in range(self.lookup_max)]
         return []
 
     def _next_draft(self, masks_draft: list[int]) -> None:
@@ -617,14 +658,15 @@ class VerifyRow(Row):
 
 def make_row(method: str, prompt: list[int], *, mask_id: int | None, block_size: int = 16, gamma: float = 0.35,
              proxy: str = "entropy", draft: str = "block", fixed: int | None = None,
-             cost=None, lookup: bool = False, tree=None, processing: Processing | None = None, **common) -> Row:
+             cost=None, lookup: bool = False, lookup_max: int = VerifyRow.LOOKUP_MAX, tree=None,
+             processing: Processing | None = None, **common) -> Row:
     """A row for `method` ("ntp", "sbd", "sbd-verify"); draft "block", "eb" or "adaptive" (with `cost`,
     width → relative forward time); lookup (sbd-verify, greedy): drafts from prompt lookup when it finds
-    a match; tree (sbd-verify, greedy): tree drafts of these widths per depth (`VerifyRow`);
-    processing: logit_bias, penalties, top_p and logprobs of the next-token head (ntp and
-    sbd-verify; validate it with `processing.validate(vocab_size)` first); `common`: max_new, eos, stop,
-    tokenizer, temperature, seed, device. Other arguments are validated by the caller (`generate`, the
-    server)."""
+    a match, at most `lookup_max` tokens (`VerifyRow.LOOKUP_MAX`); tree (sbd-verify, greedy): tree
+    drafts of these widths per depth (`VerifyRow`); processing: logit_bias, penalties, top_p and
+    logprobs of the next-token head (ntp and sbd-verify; validate it with
+    `processing.validate(vocab_size)` first); `common`: max_new, eos, stop, tokenizer, temperature,
+    seed, device. Other arguments are validated by the caller (`generate`, the server)."""
     if processing is not None and not processing.is_default:
         if method not in ("ntp", "sbd-verify"):
             raise SBDError(f"logit_bias, penalties, top_p and logprobs apply to method='ntp' or 'sbd-verify' "
@@ -637,6 +679,7 @@ def make_row(method: str, prompt: list[int], *, mask_id: int | None, block_size:
     if method == "sbd-verify":
         return VerifyRow(prompt, block_size=block_size, mask_id=int(mask_id), proxy=proxy,
                          eb_gamma=float(gamma) if draft == "eb" else None,
-                         cost=cost if draft == "adaptive" else None, lookup=lookup, tree=tree, **common)
+                         cost=cost if draft == "adaptive" else None, lookup=lookup, lookup_max=lookup_max,
+                         tree=tree, **common)
     return SBDRow(prompt, block_size=block_size, mask_id=int(mask_id), gamma=float(gamma), proxy=proxy,
                   fixed=fixed, **common)

@@ -50,10 +50,11 @@ def check_shape(tree) -> tuple[int, ...] | None:
     return tuple(tree)
 
 
-def max_nodes(widths: Sequence[int], depth: int) -> int:
-    """The most nodes a tree of this shape can hold with chains of at most `depth` tokens: the head, two
-    chains (masks' top-1 and lookup's) and the declared widths. A bound for cache room and width."""
-    return 1 + 2 * depth + sum(widths[:depth])
+def max_nodes(widths: Sequence[int], depth: int, lookup: int | None = None) -> int:
+    """The most nodes a tree of this shape can hold: the head, the masks' top-1 chain of at most `depth`
+    tokens, lookup's chain of at most `lookup` tokens (None: `depth`, 0: no lookup) and the declared
+    widths down to `depth`. A bound for cache room and width."""
+    return 1 + depth + (depth if lookup is None else lookup) + sum(widths[:depth])
 
 
 def depths(parents: Sequence[int]) -> list[int]:

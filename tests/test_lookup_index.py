@@ -1,0 +1,252 @@
+"""Prompt lookup as long as the match goes on (`lookup_max`), from an incremental index, with no masks
+beside a lookup draft (issue 28).
+
+The index gives the drafts of the plain scan it replaced (the scan is kept here as the oracle), on
+random and repetitive sequences grown a few tokens at a time. A forward verifying a lookup draft feeds
+no masks; any other feeds them as before. Exactness: greedy output equals Hugging Face greedy on every
+architecture, with and without a drafting adapter, on prompts where lookup drafts (and has accepted)
+more than block − 1 tokens; a row alone equals itself in a batch; chains, trees and adaptive drafting.
+"""
+
+import importlib
+import random
+
+import pytest
+import torch
+from conftest import ARCHS, _model, attach_random_adapter, hf_greedy, random_prompts
+from test_lookup import _cycle
+from test_verify import MASK, TwoHeadLM
+
+import sbd
+from sbd import adapter as adapters
+from sbd.decoding import trees
+from sbd.decoding.engine import Engine
+from sbd.decoding.rows import VerifyRow, make_row
+
+
+def scan_lookup(seq, cap, ngrams=(3, 2)):
+    """The oracle: the old per-forward scan. The latest earlier occurrence of the last 3 (else 2)
+    tokens (the tail itself is no match); what follows it up to the end of `seq`, repeated, `cap` long."""
+    for g in ngrams:
+        if len(seq) <= g:
+            continue
+        tail = seq[-g:]
+        for s in range(len(seq) - g - 1, -1, -1):
+            if seq[s : s + g] == tail:
+                period = len(seq) - s - g
+                return [seq[s + g + i % period] for i in range(cap)]
+    return []
+
+
+def _grown(prompt, tokens, cap, rng):
+    """A lookup row whose output grows by 1-5 tokens at a time (as verifying forwards commit them); the
+    row's lookup and the oracle after every growth."""
+    row = VerifyRow(prompt, block_size=4, mask_id=MASK, lookup=True, lookup_max=cap, max_new=len(tokens) + 1)
+    got, want = [row._lookup()], [scan_lookup(list(prompt), cap)]
+    while len(row.out) < len(tokens):
+        row.out += tokens[len(row.out) : len(row.out) + rng.randint(1, 5)]
+        got.append(row._lookup())
+        want.append(scan_lookup(row.prompt + row.out, cap))
+    return got, want
+
+
+@pytest.mark.parametrize("alphabet", [2, 3, 5, 40])
+def test_the_index_drafts_what_the_scan_drafted(alphabet):
+    rng = random.Random(alphabet)
+    for trial in range(40):
+        prompt = [rng.randrange(alphabet) for _ in range(rng.randint(1, 12))]
+        if trial % 2:  # repetitive: loops of a few tokens with some noise
+            loop = [rng.randrange(alphabet) for _ in range(rng.randint(1, 6))]
+            tokens = [loop[i % len(loop)] if rng.random() < 0.9 else rng.randrange(alphabet) for i in range(60)]
+        else:
+            tokens = [rng.randrange(alphabet) for _ in range(60)]
+        got, want = _grown(prompt, tokens, rng.choice([1, 3, 16, 40]), rng)
+        assert got == want
+    assert any(want)  # matches were found (an empty oracle would prove nothing)
+
+
+def test_the_index_keeps_the_scans_rules():
+    def lookup(seq, cap=16):
+        row = VerifyRow(seq, block_size=4, mask_id=MASK, lookup=True, lookup_max=cap, max_new=4)
+        got = row._lookup()
+        assert got == scan_lookup(seq, cap)
+        return got
+
+    assert lookup([7, 1, 2, 3, 4, 5, 6, 8, 1, 2, 3, 9, 9, 1, 2, 3], 5) == [9, 9, 1, 2, 3]  # the latest of two
+    assert lookup([1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3], 6) == [4, 5, 6, 7, 8, 9]  # as long as it goes on
+    assert lookup([1, 2, 3]) == [] and lookup([4, 5]) == []  # the tail itself is no match
+    assert lookup([1, 1, 1]) == [1] * 16  # an overlapping match: the repeat, bounded by the cap
+    assert lookup([1, 2, 3, 1, 2, 3], 40) == [1, 2, 3] * 13 + [1]  # the repeat is bounded by the cap, not 3
+    assert lookup([1, 2, 3, 7, 5, 2, 3, 8, 1, 2, 3], 3) == [7, 5, 2]  # a 3-gram match beats a later 2-gram one
+
+
+def test_the_index_reads_each_token_once():
+    """The index is brought up to date with the newly committed tokens only (no scan of the whole
+    sequence): every start position is indexed once per n-gram size, however many forwards look up."""
+
+    class Counting(dict):
+        sets = 0
+
+        def __setitem__(self, key, value):
+            Counting.sets += 1
+            super().__setitem__(key, value)
+
+    row = VerifyRow(list(range(3, 203)), block_size=4, mask_id=MASK, lookup=True, max_new=100)
+    row._index = {g: Counting() for g in row._index}
+    row._lookup()
+    assert Counting.sets == 197 + 198  # every start but the tail's, for 3- and 2-grams
+    for step in range(30):
+        row.out += [5] * (step % 3)
+        row._lookup()
+    n = len(row.prompt) + len(row.out)
+    assert Counting.sets == (n - 3) + (n - 2) and len(row._seq) == n
+    assert row._index[2][(5, 5)] == n - 3  # the latest start before the tail's
+
+
+# -- masks only where they can be used ------------------------------------------------------------------
+def _masks_per_forward(model, prompt, **kw):
+    fed = []
+
+    def observer(rec):
+        fed.append(int((rec.input_ids[0, -rec.reals[0]:] == MASK).sum()))
+
+    out = sbd.generate(model, None, [prompt], method="sbd-verify", observer=observer, **kw)
+    return out, fed[1:] if len(prompt) > 1 else fed  # the first record: the prefill
+
+
+@pytest.mark.parametrize("tree", [None, (2, 2)])
+def test_a_forward_verifying_a_lookup_draft_feeds_no_masks(tree):
+    model = TwoHeadLM(_cycle, lambda p: {20: 10.0, 21: 9.0})  # the masks never draft the right token
+    kw = dict(block_size=8, max_new_tokens=40, eos_token_ids=[], lookup=True, tree=tree)
+    out, masks = _masks_per_forward(model, [5, 6, 7], **kw)
+    assert out.token_ids[0] == [_cycle(p) for p in range(3, 43)] and len(masks) == out.nfe[0] == 9
+    # output 6 7 3 4 5 6 7 3 …: forwards 1-2 find no match (the masks draft); 3 matches [6, 7] (a wrong
+    # loop: no masks); 4-6 find none; 7 matches [5, 6] in the prompt, 8-9 the cycle (test_lookup)
+    assert masks == [8, 8, 0, 8, 8, 8, 0, 0, 0]
+    assert out.accepted[0] == [0, 0, 0, 0, 0, 0, 1, 16, 14]
+    assert sorted(set(out.steps[0])) == list(range(1, out.nfe[0] + 1))  # every forward yields a token
+
+
+def test_a_forward_after_a_maskless_one_yields_a_token_when_lookup_then_finds_nothing():
+    # the cycle, then tokens never seen from position 25 on: the lookup draft ending at 24 stands whole
+    # and NTP's bonus token leaves the cycle; lookup then finds nothing and the forward before fed no
+    # masks, so the next forward has no draft: it still yields NTP's token (and feeds masks again)
+    ntp = lambda p: _cycle(p) if p < 25 else 8 + (p - 25)  # noqa: E731
+    model = TwoHeadLM(ntp, lambda p: 20)
+    out, masks = _masks_per_forward(model, [5, 6, 7], block_size=4, max_new_tokens=30, eos_token_ids=[],
+                                    lookup=True, lookup_max=4)
+    assert out.token_ids[0] == [ntp(p) for p in range(3, 33)]
+    i = next(i for i, p in enumerate(range(3, 33)) if p == 25)  # the bonus token that leaves the cycle
+    f = out.steps[0][i]  # … made by forward f, which verified a whole 4-token lookup draft without masks
+    assert out.accepted[0][f - 1] == 4 and masks[f - 1] == 0
+    assert out.accepted[0][f] == 0 and out.steps[0].count(f + 1) == 1 and masks[f] == 4
+    assert sorted(set(out.steps[0])) == list(range(1, out.nfe[0] + 1))  # every forward yields a token
+
+
+# -- cache room and width --------------------------------------------------------------------------------
+def test_cache_room_covers_the_longest_lookup_draft():
+    row = lambda **kw: VerifyRow([5, 6], mask_id=MASK, max_new=8, **kw)  # noqa: E731
+    assert row(block_size=4).needs_extra == 9  # no lookup: as before
+    assert row(block_size=4, lookup=True).needs_extra == 17  # 1 + the default 16, no masks
+    assert row(block_size=4, lookup=True, lookup_max=40).needs_extra == 41
+    assert row(block_size=16, lookup=True).needs_extra == 33  # the default cap fits the default block
+    assert row(block_size=4, tree=(2, 2), lookup=True, lookup_max=40).needs_extra == 1 + 3 + 40 + 4
+    assert trees.max_nodes((2, 2), 3) == 1 + 3 + 3 + 4 and trees.max_nodes((2, 2), 3, 0) == 1 + 3 + 4
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(tree=(2, 2)), dict(draft="adaptive")])
+def test_no_forward_is_wider_than_the_rows_room(llama, kw, monkeypatch):
+    g = importlib.import_module("sbd.decoding.generate")
+    monkeypatch.setattr(g, "forward_costs", lambda m, batch=1: (lambda w: 1.0 + 0.02 * (w - 1)))
+    prompts = [p * 3 for p in random_prompts(3, llama.config.vocab_size, seed=31)]
+    widths = []
+    out = sbd.generate(llama, None, prompts, method="sbd-verify", block_size=3, max_new_tokens=40, lookup=True,
+                       lookup_max=24, observer=lambda rec: widths.append(max(rec.reals)), **kw)
+    row = make_row("sbd-verify", [5], mask_id=MASK, block_size=3, lookup=True, lookup_max=24, max_new=40,
+                   tree=kw.get("tree"))
+    assert max(widths[1:]) <= row.needs_extra and max(max(a) for a in out.accepted) > 2
+    assert out.token_ids == [hf_greedy(llama, p, 40) for p in prompts]
+
+
+# -- exactness on real models ----------------------------------------------------------------------------
+def _looping_prompts(model, seed):
+    """Prompts that repeat themselves: the tiny random models soon loop, and lookup drafts the loop."""
+    return [p + p for p in random_prompts(4, model.config.vocab_size, seed=seed)]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("with_adapter", [False, True])
+def test_long_lookup_drafts_give_hugging_face_greedy_alone_and_batched(arch, with_adapter, monkeypatch):
+    g = importlib.import_module("sbd.decoding.generate")
+    monkeypatch.setattr(g, "forward_costs", lambda m, batch=1: (lambda w: 1.0 + 0.02 * (w - 1)))
+    model = _model(arch)
+    prompts, n, block = _looping_prompts(model, seed=5), 40, 4
+    refs = [hf_greedy(model, p, n) for p in prompts]
+    if with_adapter:
+        attach_random_adapter(model, seed=2)
+    try:
+        for kw in (dict(), dict(draft="adaptive"), dict(tree=(3, 2, 1)), dict(tree="2,2", draft="adaptive")):
+            kw = dict(method="sbd-verify", block_size=block, max_new_tokens=n, lookup=True, **kw)
+            batch = sbd.generate(model, None, prompts, **kw)
+            assert batch.token_ids == refs, kw
+            assert max(a for row in batch.accepted for a in row) > block - 1, kw  # longer than the block
+            assert sum(batch.lookup_accepted) > 0
+            for i, p in enumerate(prompts):
+                alone = sbd.generate(model, None, [p], **kw)
+                assert alone.token_ids[0] == refs[i]
+                assert (alone.nfe[0], alone.accepted[0], alone.lookup_accepted[0]) == \
+                    (batch.nfe[i], batch.accepted[i], batch.lookup_accepted[i]), kw
+    finally:
+        if with_adapter:
+            adapters.detach(model)
+
+
+def test_static_shapes_with_long_lookup_drafts(llama):
+    prompts = _looping_prompts(llama, seed=5)[:2]
+    kw = dict(method="sbd-verify", block_size=4, max_new_tokens=30, lookup=True)
+    eager = sbd.generate(llama, None, prompts, **kw)
+    widths = []
+    static = sbd.generate(llama, None, prompts, static_shapes=True,
+                          observer=lambda r: widths.append(r.input_ids.shape[1]), **kw)
+    assert static.token_ids == eager.token_ids == [hf_greedy(llama, p, 30) for p in prompts]
+    assert static.nfe == eager.nfe and max(max(a) for a in static.accepted) > 3
+    assert set(widths[1:]) <= {4, 8, 17} and 17 in widths  # block, 2·block, a lookup forward: 1 + 16
+
+
+# -- refusals --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "16", None])
+def test_a_bad_lookup_max_is_refused_in_one_line(llama, bad):
+    with pytest.raises(sbd.SBDError, match="lookup_max must be an integer >= 1") as e:
+        sbd.generate(llama, None, [[5, 6, 7]], method="sbd-verify", lookup=True, lookup_max=bad, max_new_tokens=4)
+    assert "\n" not in str(e.value)
+    with pytest.raises(sbd.SBDError, match="lookup_max must be an integer >= 1"):
+        make_row("sbd-verify", [5, 6], mask_id=MASK, lookup=True, lookup_max=bad, max_new=4)
+
+
+def test_a_cap_too_wide_for_an_engine_is_refused_in_one_line(llama):
+    engine = Engine(llama, slots=2, capacity=200, max_width=33)
+    engine.add(make_row("sbd-verify", [5, 6], mask_id=MASK, block_size=16, lookup=True, max_new=20))  # fits
+    wide = make_row("sbd-verify", [5, 6], mask_id=MASK, block_size=16, lookup=True, lookup_max=64, max_new=20)
+    with pytest.raises(sbd.SBDError, match="up to 65 tokens wide; this engine's are at most 33") as e:
+        engine.add(wide)
+    assert "\n" not in str(e.value) and engine.live == 1
+
+
+def test_command_line_lookup_max(tmp_path, capsys, monkeypatch):
+    import sbd.decoding as g
+    from sbd.cli.main import main
+
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    assert "--lookup-max" in capsys.readouterr().out
+    torch.manual_seed(0)
+    assert main(["init", "--out", str(tmp_path / "m"), "--arch", "llama", "--hidden", "32", "--layers", "1"]) == 0
+    args = ["generate", "--model", str(tmp_path / "m"), "--method", "sbd-verify", "--lookup", "--max-new-tokens", "8"]
+    seen = []
+    real = g.generate
+    monkeypatch.setattr(g, "generate", lambda *a, **kw: seen.append(kw.get("lookup_max")) or real(*a, **kw))
+    assert main(args + ["--lookup-max", "24", "one two one two one"]) == 0
+    assert "of them from lookup" in capsys.readouterr().out and set(seen) == {24}
+    with pytest.raises(SystemExit):
+        main(args + ["--lookup-max", "0", "x"])
+    assert "--lookup-max" in capsys.readouterr().err
