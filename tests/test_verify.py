@@ -65,6 +65,31 @@ def test_perfect_drafts_fill_a_whole_block_per_forward(block_size):
     assert out.steps[0][:1 + block_size] == [1] + [2] * block_size
 
 
+def test_leftover_draft_takes_the_refused_drafts_later_places():
+    from sbd.decoding.rows import leftover_draft
+
+    draft = [10, 11, 12, 13, 14]
+    assert leftover_draft(draft, 1, 99) == [12, 13, 14]   # draft[1] replaced by 99: places 2.. stay
+    assert leftover_draft(draft, 1, 12) == [13, 14]       # the model said draft[2] a place early: one too many
+    assert leftover_draft(draft, 4, 99) == [] and leftover_draft([], 0, 5) == []
+
+
+def test_a_refused_drafts_later_places_are_verified_next(monkeypatch):
+    from sbd.decoding.rows import VerifyRow
+
+    wrong_every_5th = lambda p: (4 if _script(p) != 4 else 5) if p % 5 == 0 else _script(p)  # noqa: E731
+    model = TwoHeadLM(_script, wrong_every_5th)
+    kw = dict(method="sbd-verify", block_size=8, max_new_tokens=40, eos_token_ids=[])
+    reuse = sbd.generate(model, None, [[5, 6, 7]], **kw)
+    monkeypatch.setattr(VerifyRow, "REUSE_LEFTOVER", False)
+    fresh = sbd.generate(model, None, [[5, 6, 7]], **kw)
+    want = [_script(p) for p in range(3, 43)]
+    assert reuse.token_ids[0] == fresh.token_ids[0] == want
+    # after a refusal at a multiple of 5, the old draft's later places (right) are kept in the next
+    # forward instead of a forward with no draft
+    assert reuse.nfe[0] < fresh.nfe[0]
+
+
 def test_wrong_drafts_cost_exactly_ntp_forwards():
     model = TwoHeadLM(_script, lambda p: 4 if _script(p) != 4 else 5)
     out = sbd.generate(model, None, [[5, 6, 7]], method="sbd-verify", block_size=8, max_new_tokens=30,

@@ -326,6 +326,20 @@ def best_draft_length(alpha: float, cost, longest: int, tree: Sequence[int] = ()
     return best
 
 
+def leftover_draft(draft: Sequence[int], kept: int, next_token: int) -> list[int]:
+    """A draft for the forward after a refused one, from the refused draft itself (greedy).
+
+    The masks draft each block position from the committed prefix, not from the draft tokens before it,
+    so the draft tokens after a refused one are guesses for the same places as before: with `kept` draft
+    tokens kept and the model's `next_token` in place of draft[kept], the next places are those of
+    draft[kept + 1:]. If the model's token is the one drafted a place later (the draft had one token too
+    many), the rest from there on. Verification decides, so this only changes what is proposed."""
+    rest = list(draft[kept + 1 :])
+    if rest and rest[0] == next_token:
+        return rest[1:]
+    return rest
+
+
 def accept_sampled(p, draft, q_draft, gen):
     """Speculative acceptance for one row: accepted length and the token at each position if drawn
     there: the draft token where accepted, the residual sample at the first rejection, a sample of p
@@ -373,6 +387,7 @@ class VerifyRow(Row):
     every draft token stood, and then lookup drafts it again (`feed`)."""
 
     PROBE_EVERY = 16
+    REUSE_LEFTOVER = True  # greedy: after a refusal, the refused draft's later places are the next draft
     LOOKUP_NGRAMS = (3, 2)  # prompt lookup: match the last 3 tokens, else the last 2
     # The longest prompt-lookup draft. A lookup draft runs as long as its earlier occurrence does and is
     # fed without masks (`feed`), so it costs its own width only: 16 makes a lookup forward (1 + 16) no
@@ -584,14 +599,23 @@ class VerifyRow(Row):
             self._finish(end)
             return trees.compaction(path)
         self.head = new[-1]
-        self.from_lookup = False
+        was_lookup, self.from_lookup = self.from_lookup, False
         if path[-1] == n - 1:  # the masks followed the kept path: they draft the next tree
             self._next_draft(chain)
             self.branches = trees.beam_paths(self.tree, cand, cand_lp) + ([chain] if self.from_lookup else [])
-        else:
-            self._next_draft([])
+        else:  # the masks followed a refused branch: the main chain's places after the kept path remain
+            self._next_draft(self._leftover(a, new[-1], was_lookup))
             self.branches = []
         return trees.compaction(path)
+
+    def _leftover(self, kept: int, next_token: int, was_lookup: bool) -> list[int]:
+        """The next draft after a refusal when lookup finds none: the refused masks' draft's later places
+        (`leftover_draft`; greedy only), no longer than the draft the row would feed now (adaptive
+        drafting) or a block. A refused lookup draft leaves nothing: lookup itself looks again."""
+        if not self.REUSE_LEFTOVER or was_lookup or self.temperature > 0:
+            return []
+        longest = self.block_size - 1 if self.cost is None else max(0, self.n_masks - 1)
+        return leftover_draft(self.draft, kept, next_token)[:longest]
 
     def _adapt(self) -> None:
         """Adaptive drafting: the next forward's mask count from the acceptance so far (class docstring)."""
@@ -640,9 +664,9 @@ class VerifyRow(Row):
             return n - a
         self.head = new[-1]
         self.q_draft = None
-        self.from_lookup = False
-        if a < n:  # the masks rode on a rejected draft: the next forward drafts afresh
-            self._next_draft([])
+        was_lookup, self.from_lookup = self.from_lookup, False
+        if a < n:  # the masks rode on a rejected draft: the rest of that draft is the next guess
+            self._next_draft(self._leftover(a, new[-1], was_lookup))
         elif self.temperature > 0:
             self.draft, self.q_draft = [int(v) for v in rest], self.q_next
         elif self.eb_gamma is not None and k > 1:
