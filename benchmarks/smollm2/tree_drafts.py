@@ -7,7 +7,8 @@ prompt by prompt; every output checked against the model's own greedy tokens.
         --configs "chain;tree=2;tree=3,2;tree=3,2,1;tree=4,2,2,1" --out FILE.md
 
 A configuration is `;`-separated, with `+`-joined settings: chain, tree=W1,W2,…, lookup, adaptive,
-block=K (e.g. "tree=3,2+lookup+adaptive").
+block=K, noreuse (after a refused draft, draft afresh rather than from its later places), e.g.
+"tree=3,2+lookup+adaptive".
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ def parse(config: str, block: int) -> dict:
             kw["lookup"] = True
         elif part == "adaptive":
             kw["draft"] = "adaptive"
+        elif part == "noreuse":  # after a refusal, draft afresh instead of from the refused draft's rest
+            kw["reuse_leftover"] = False
         elif part.startswith("block="):
             kw["block_size"] = int(part[6:])
         else:
@@ -56,6 +59,7 @@ def main() -> None:
 
     import sbd
     from sbd.decoding.generate import encode_prompts
+    from sbd.decoding.rows import VerifyRow
     from sbd.tasks.prompts import load_prompts
 
     model, tok = sbd.load(args.model)
@@ -82,9 +86,12 @@ def main() -> None:
             _, t = hf(p, True)
             pl_t.append(t)
         for c in configs:
+            kw = parse(c, args.block_size)
+            VerifyRow.REUSE_LEFTOVER = kw.pop("reuse_leftover", True)
             t0 = time.perf_counter()
-            r = sbd.generate(model, tok, [p], max_new_tokens=args.max_new_tokens, **parse(c, args.block_size))
+            r = sbd.generate(model, tok, [p], max_new_tokens=args.max_new_tokens, **kw)
             dt = time.perf_counter() - t0
+            VerifyRow.REUSE_LEFTOVER = True
             s = stats[c]
             s["nfe"] += r.nfe[0]
             s["tokens"] += len(r.token_ids[0])

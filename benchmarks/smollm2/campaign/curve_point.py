@@ -30,11 +30,12 @@ def sequences_seen(folder: Path) -> int | None:
     if not state.is_file():
         ck = sorted(folder.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name.split("-")[1]))
         state = ck[-1] if ck else None
-    run = folder / "sbd_train.json"
+    home = folder if (folder / "sbd_train.json").is_file() else folder.parent  # a run, or one of its checkpoints
+    run = home / "sbd_train.json"
     if state is None or not run.is_file():
         return None
     st, cfg = json.loads(state.read_text()), json.loads(run.read_text())
-    start = json.loads((folder / "start.json").read_text())["sequences_seen"] if (folder / "start.json").is_file() else 0
+    start = json.loads((home / "start.json").read_text())["sequences_seen"] if (home / "start.json").is_file() else 0
     return start + int(st["global_step"]) * int(cfg["batch_size"]) * int(cfg.get("grad_accum", 1))
 
 
@@ -90,6 +91,7 @@ def main() -> None:
         for name, ids in sets.items():
             for label, config in (("masks", "chain"), ("best", args.best)):
                 kw = parse(config, args.block_size)
+                kw.pop("reuse_leftover", None)
                 nfe = tokens = same = 0
                 for p, ref in zip(ids, refs[name]):
                     r = sbd.generate(model, tok, [p], max_new_tokens=args.max_new_tokens, **kw)
