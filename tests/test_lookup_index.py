@@ -8,7 +8,6 @@ architecture, with and without a drafting adapter, on prompts where lookup draft
 more than block − 1 tokens; a row alone equals itself in a batch; chains, trees and adaptive drafting.
 """
 
-import importlib
 import random
 
 import pytest
@@ -155,9 +154,7 @@ def test_cache_room_covers_the_longest_lookup_draft():
 
 
 @pytest.mark.parametrize("kw", [dict(), dict(tree=(2, 2)), dict(draft="adaptive")])
-def test_no_forward_is_wider_than_the_rows_room(llama, kw, monkeypatch):
-    g = importlib.import_module("sbd.decoding.generate")
-    monkeypatch.setattr(g, "forward_costs", lambda m, batch=1: (lambda w: 1.0 + 0.02 * (w - 1)))
+def test_no_forward_is_wider_than_the_rows_room(llama, kw, cheap_width):
     prompts = [p * 3 for p in random_prompts(3, llama.config.vocab_size, seed=31)]
     widths = []
     out = sbd.generate(llama, None, prompts, method="sbd-verify", block_size=3, max_new_tokens=40, lookup=True,
@@ -176,9 +173,7 @@ def _looping_prompts(model, seed):
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("with_adapter", [False, True])
-def test_long_lookup_drafts_give_hugging_face_greedy_alone_and_batched(arch, with_adapter, monkeypatch):
-    g = importlib.import_module("sbd.decoding.generate")
-    monkeypatch.setattr(g, "forward_costs", lambda m, batch=1: (lambda w: 1.0 + 0.02 * (w - 1)))
+def test_long_lookup_drafts_give_hugging_face_greedy_alone_and_batched(arch, with_adapter, cheap_width):
     model = _model(arch)
     prompts, n, block = _looping_prompts(model, seed=5), 40, 4
     refs = [hf_greedy(model, p, n) for p in prompts]
