@@ -95,20 +95,12 @@ def freeze_below(model, layer: int) -> int:
         raise SBDError(f"--train-layers-from must lie in 0..{n_layers - 1} for this model, got {layer}")
     if layer:
         adapter.mask_embedding.requires_grad_(False)
-        for name in adapter.names:
-            i = _layer_index(name)
-            if i is not None and i < layer:
+        below = {id(m) for block in _backbone(model).layers[:layer] for m in block.modules()}
+        for name in adapter.names:  # a targeted layer below `layer` is a module of one of those blocks
+            if id(model.get_submodule(name)) in below:
                 for weights in adapter.update_of(name):
                     weights.requires_grad_(False)
     return sum(p.numel() for p in adapter.parameters() if p.requires_grad)
-
-
-def _layer_index(name: str) -> int | None:
-    parts = name.split(".")
-    for a, b in zip(parts, parts[1:]):
-        if a == "layers" and b.isdigit():
-            return int(b)
-    return None
 
 
 def adapter_logits(model, inputs: dict, labels: torch.Tensor, num_clean: int,

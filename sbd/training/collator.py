@@ -132,13 +132,16 @@ class SBDDataCollator:
         ends = last == self.eos_token_id
         return torch.where(ends, (span + k - 1) // k * k, span)
 
+    def _sizes(self):
+        """Every block size a step may draw."""
+        lo, hi = self.block_size_range
+        return [self.block_size] if self.block_size is not None else range(lo, hi + 1)
+
     def noisy_length(self, clean: dict, block_size: int | None = None) -> int:
         """Length M of the noisy copy for block size k; without k, the largest M any k drawn can give
         (the number of uniforms to draw per sequence). With `noisy_blocks`, at most that many blocks."""
         if block_size is None:
-            lo, hi = self.block_size_range
-            sizes = [self.block_size] if self.block_size is not None else range(lo, hi + 1)
-            return max(self.noisy_length(clean, k) for k in sizes)
+            return max(self.noisy_length(clean, k) for k in self._sizes())
         full = int(self.noisy_lengths(clean, block_size).max())
         if self.noisy_blocks is None:
             return full
@@ -149,9 +152,7 @@ class SBDDataCollator:
         """The most blocks a row's full noisy copy holds for block size k (any k drawn, without k): the
         number of uniforms `draw_windows` draws per sequence."""
         if block_size is None:
-            lo, hi = self.block_size_range
-            sizes = [self.block_size] if self.block_size is not None else range(lo, hi + 1)
-            return max(self.block_count(clean, k) for k in sizes)
+            return max(self.block_count(clean, k) for k in self._sizes())
         k = int(block_size)
         return int((-(-self.noisy_lengths(clean, k) // k)).max())
 
