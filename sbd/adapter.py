@@ -51,6 +51,9 @@ class AdapterConfig:
     base_model_name_or_path: str = ""
     peft_type: str = ADAPTER_TYPE
     gate: str = "block positions only (1 on block/mask positions, 0 on every causal position)"
+    # the fastest exact greedy sbd-verify configuration measured with this adapter (draft, lookup,
+    # lookup_max, tree): the defaults of generate, the CLI, the server and lm-eval (sbd.decoding.defaults)
+    decoding: dict | None = None
 
     def __post_init__(self):
         if not isinstance(self.r, int) or self.r < 1:

@@ -209,7 +209,7 @@ def test_static_shapes_with_long_lookup_drafts(llama):
 
 
 # -- refusals --------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "16", None])
+@pytest.mark.parametrize("bad", [0, -3, 2.5, True, "16"])  # (None: the model's default, tests/test_defaults.py)
 def test_a_bad_lookup_max_is_refused_in_one_line(llama, bad):
     with pytest.raises(sbd.SBDError, match="lookup_max must be an integer >= 1") as e:
         sbd.generate(llama, None, [[5, 6, 7]], method="sbd-verify", lookup=True, lookup_max=bad, max_new_tokens=4)

@@ -489,7 +489,7 @@ def test_planted_branches_under_penalties_give_ntps_output():
     (dict(method="sbd-verify", compile=True), "no fixed widths"),
     (dict(method="sbd-verify", tree=(0, 2)), "widths per depth"),
     (dict(method="sbd-verify", tree="3,x"), "widths per depth"),
-    (dict(method="sbd-verify", tree=()), "widths per depth"),
+    (dict(method="sbd-verify", tree="chain,2"), "widths per depth"),
     (dict(method="sbd-verify", tree=[2, True]), "widths per depth"),
     (dict(method="sbd-verify", tree=(99,)), "widths per depth"),
 ])

@@ -40,7 +40,7 @@ def main() -> None:
     for k in (int(x) for x in args.block_size.split(",")):
         for lookup in (False, True):
             runs = [sbd.generate(model, tok, [p], method="sbd-verify", block_size=k, lookup=lookup,
-                                 max_new_tokens=args.max_new_tokens) for p in ids]
+                                 draft="block", tree="chain", max_new_tokens=args.max_new_tokens) for p in ids]
             nfe, tokens = sum(r.nfe[0] for r in runs), sum(r.num_tokens for r in runs)
             kept = sum(sum(r.accepted[0]) for r in runs)
             looked = sum(r.lookup_accepted[0] for r in runs)

@@ -68,7 +68,7 @@ def main() -> None:
         tokens = nfe = same = 0
         for p, r in zip(ids, ref):
             out = sbd.generate(model, tok, [p], method="sbd-verify", block_size=args.block_size,
-                               max_new_tokens=args.max_new_tokens)
+                               draft="block", lookup=False, tree="chain", max_new_tokens=args.max_new_tokens)
             tokens, nfe, same = tokens + out.num_tokens, nfe + out.nfe[0], same + (out.token_ids[0] == r)
         return tokens / nfe, same
 

@@ -7,8 +7,10 @@ prompt by prompt; every output checked against the model's own greedy tokens.
         --configs "chain;tree=2;tree=3,2;tree=3,2,1;tree=4,2,2,1" --out FILE.md
 
 A configuration is `;`-separated, with `+`-joined settings: chain, tree=W1,W2,…, lookup, adaptive,
-block=K, noreuse (after a refused draft, draft afresh rather than from its later places), e.g.
-"tree=3,2+lookup+adaptive".
+block=K, reuse (after a refused draft, draft from its later places rather than afresh; noreuse: the
+default), e.g.
+"tree=3,2+lookup+adaptive"; what a configuration does not name is off (whole blocks, no lookup, a
+chain). "defaults" alone: the settings the model records as its defaults (sbd.decoding.defaults).
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ import torch
 
 def parse(config: str, block: int) -> dict:
     """`generate` keyword arguments of one configuration string."""
-    kw = {"method": "sbd-verify", "block_size": block}
+    if config == "defaults":  # the settings the model records (sbd.decoding.defaults), at its own block size
+        return {"method": "sbd-verify"}
+    # every setting explicit: the model's recorded defaults must not leak into a named configuration
+    kw = {"method": "sbd-verify", "block_size": block, "draft": "block", "lookup": False, "tree": "chain"}
     for part in config.split("+"):
         if part == "chain":
             continue
@@ -34,7 +39,9 @@ def parse(config: str, block: int) -> dict:
             kw["lookup"] = True
         elif part == "adaptive":
             kw["draft"] = "adaptive"
-        elif part == "noreuse":  # after a refusal, draft afresh instead of from the refused draft's rest
+        elif part == "reuse":  # after a refusal, draft from the refused draft's rest instead of afresh
+            kw["reuse_leftover"] = True
+        elif part == "noreuse":  # after a refusal, draft afresh (the default)
             kw["reuse_leftover"] = False
         elif part.startswith("block="):
             kw["block_size"] = int(part[6:])
@@ -87,11 +94,11 @@ def main() -> None:
             pl_t.append(t)
         for c in configs:
             kw = parse(c, args.block_size)
-            VerifyRow.REUSE_LEFTOVER = kw.pop("reuse_leftover", True)
+            VerifyRow.REUSE_LEFTOVER = kw.pop("reuse_leftover", False)
             t0 = time.perf_counter()
             r = sbd.generate(model, tok, [p], max_new_tokens=args.max_new_tokens, **kw)
             dt = time.perf_counter() - t0
-            VerifyRow.REUSE_LEFTOVER = True
+            VerifyRow.REUSE_LEFTOVER = False
             s = stats[c]
             s["nfe"] += r.nfe[0]
             s["tokens"] += len(r.token_ids[0])

@@ -30,8 +30,8 @@ from ..modes import eval_mode
 from .forward_cost import Shape, _sync, time_forwards
 
 KINDS = ("hf", "prompt-lookup", "assisted", "ntp", "sbd", "sbd-verify", "sbd-verify-adaptive", "sbd-verify-lookup",
-         "sbd-verify-adaptive-lookup", "sbd-fixed")
-VERIFY = ("sbd-verify", "sbd-verify-adaptive", "sbd-verify-lookup", "sbd-verify-adaptive-lookup")
+         "sbd-verify-adaptive-lookup", "sbd-verify-defaults", "sbd-fixed")
+VERIFY = ("sbd-verify", "sbd-verify-adaptive", "sbd-verify-lookup", "sbd-verify-adaptive-lookup", "sbd-verify-defaults")
 PROMPT_LOOKUP_TOKENS = 10  # Hugging Face's documented example value; the n-gram size is its default
 
 
@@ -63,6 +63,8 @@ class Method:
             return f"SBD-verify + lookup, block {self.block_size}"
         if self.kind == "sbd-verify-adaptive-lookup":
             return f"SBD-verify adaptive + lookup, block ≤ {self.block_size}"
+        if self.kind == "sbd-verify-defaults":
+            return f"SBD-verify (the model's defaults), block {self.block_size}"
         if self.kind == "sbd-fixed":
             return f"SBD fixed {self.fixed}/forward, block {self.block_size}"
         return {"hf": "HF greedy generate", "prompt-lookup": f"HF prompt-lookup ({PROMPT_LOOKUP_TOKENS})",
@@ -238,10 +240,10 @@ def _decode(method: Method, model, tokenizer, batch, max_new, eos, assistant, re
         kw["reveal_per_forward"] = method.fixed
     if method.block_size is not None:
         kw["block_size"] = method.block_size
-    if method.kind in ("sbd-verify-adaptive", "sbd-verify-adaptive-lookup"):
-        kw["draft"] = "adaptive"
-    if method.kind.endswith("-lookup"):
-        kw["lookup"] = True
+    if method.kind in VERIFY and method.kind != "sbd-verify-defaults":  # explicit: not the model's defaults
+        kw["draft"] = "adaptive" if "-adaptive" in method.kind else "block"
+        kw["lookup"] = method.kind.endswith("-lookup")
+        kw["tree"] = "chain"
     kind = "sbd" if method.kind == "sbd-fixed" else "sbd-verify" if method.kind in VERIFY else method.kind
     r = generate(model, tokenizer, batch, method=kind, max_new_tokens=max_new, eos_token_ids=eos,
                  observer=observe if record is not None else None, compile=method.compiled, **kw)

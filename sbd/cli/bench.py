@@ -45,6 +45,8 @@ def add_bench_parser(sub):
                         "sbd-verify-adaptive (draft length chosen per row, at most the block size), "
                         "sbd-verify-lookup and sbd-verify-adaptive-lookup (the same, drafting from prompt lookup "
                         "when the last 3 or 2 tokens occurred before, else from the masks), "
+                        "sbd-verify-defaults (the drafting settings sbd-verify uses when none are given: the "
+                        "model's measured defaults), "
                         "sbd-fixed (one row per --fixed: a fixed number of tokens revealed per forward, for timing); "
                         "our NTP loop is always added (default: hf,prompt-lookup,ntp,sbd,sbd-verify)")
     p.add_argument("--fixed", type=_argtype(parse_sizes), default=[2, 3, 4], metavar="LIST",

@@ -9,6 +9,7 @@ from ..errors import SBDError
 from .args import gamma_value as _gamma
 from .args import positive_int as _positive
 from .bench import add_bench_parser, cmd_bench
+from .drafting import add_drafting_options, drafting_kwargs
 from .forward_cost import add_forward_cost_parser, cmd_forward_cost
 from .roofline import add_roofline_parser, cmd_roofline
 from .serve import add_serve_parser, cmd_serve
@@ -52,25 +53,9 @@ def _add_generate(sub) -> None:
                    help="sbd: set block decoding; ntp: one token per forward; sbd-verify: SBD drafts checked by "
                         "the model's own next-token head, NTP's exact output in fewer forwards (default: sbd)")
     p.add_argument("--block-size", type=_positive, default=None,
-                   help="tokens per block (default: the block size a drafting adapter was trained for, else 16)")
-    p.add_argument("--draft", default="block", choices=["block", "eb", "adaptive"],
-                   help="sbd-verify only: block = the whole block the masked head predicts, in the verifying "
-                        "forward; eb = revealed by the EB rule (--gamma, --proxy) over forwards of its own, greedy "
-                        "only; adaptive = each row picks its draft length (<= block size) from its acceptance so far "
-                        "and the measured cost of a wider forward (default: block)")
-    p.add_argument("--lookup", action="store_true",
-                   help="sbd-verify, greedy, --draft block or adaptive: draft what followed the last 3 (else 2) "
-                        "tokens where they occurred earlier in the prompt or output (prompt lookup), else the masks' "
-                        "draft; the output is still NTP's")
-    p.add_argument("--lookup-max", type=_positive, default=16, metavar="N",
-                   help="with --lookup: the longest lookup draft, independent of --block-size; the draft runs as "
-                        "long as the earlier occurrence goes on, up to N tokens, and is verified without masks "
-                        "beside it (default: 16)")
-    p.add_argument("--tree", default=None, metavar="WIDTHS",
-                   help="sbd-verify, greedy, --draft block or adaptive: tree drafts with these widths per depth, "
-                        "e.g. 3,2,1 (depth 1: the masks' 3 most likely tokens, depth 2: the 2 most likely "
-                        "extensions, …; the chain goes on past them); each forward keeps the longest path greedy "
-                        "decoding would produce, so the output is still NTP's (default: a chain)")
+                   help="tokens per block (default: the block size a drafting adapter was trained for, else the "
+                        "model's recorded best, else 16)")
+    add_drafting_options(p)
     p.add_argument("--gamma", type=_gamma, default=0.35,
                    help="EB-sampler bound: 0 reveals one token per forward, inf a whole block (default: 0.35)")
     p.add_argument("--proxy", default="entropy", choices=["entropy", "confidence", "margin"],
@@ -117,6 +102,7 @@ def _stats(result) -> dict:
         kept = sum(a for row in result.accepted for a in row)
         stats["draft tokens kept"] = kept
         stats["of them from lookup"] = sum(result.lookup_accepted)
+        stats["drafting"] = result.settings.describe()
     return stats
 
 
@@ -167,11 +153,8 @@ def cmd_generate(args) -> None:
     check_context(model, encode_prompts(tokenizer, args.prompts, args.chat), args.max_new_tokens)
     results = {}
     for method in methods:
-        mkw = {**kw, "draft": args.draft} if method == "sbd-verify" else kw
-        if args.lookup and (method == "sbd-verify" or not args.compare):  # generate refuses it elsewhere
-            mkw = {**mkw, "lookup": True, "lookup_max": args.lookup_max}
-        if args.tree is not None and (method == "sbd-verify" or not args.compare):
-            mkw = {**mkw, "tree": args.tree}
+        # with --compare the drafting options go to sbd-verify alone (generate refuses them elsewhere)
+        mkw = {**kw, **drafting_kwargs(args)} if method == "sbd-verify" or not args.compare else kw
         generate(model, tokenizer, args.prompts, method=method, **{**mkw, "max_new_tokens": 2})  # warm-up
         results[method] = generate(model, tokenizer, args.prompts, method=method, **mkw)
     for i, prompt in enumerate(args.prompts):

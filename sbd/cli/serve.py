@@ -7,6 +7,7 @@ import os
 from ..errors import SBDError
 from .args import gamma_value as _gamma
 from .args import positive_int as _positive
+from .drafting import add_drafting_options, drafting_kwargs
 
 
 def add_serve_parser(sub) -> None:
@@ -14,7 +15,8 @@ def add_serve_parser(sub) -> None:
                        description="Serve --model over HTTP: POST /v1/completions and /v1/chat/completions "
                                    "(stream with \"stream\": true), GET /v1/models, /health, /metrics. Requests are "
                                    "decoded together, each at its own pace (continuous batching). A request may set "
-                                   "method, block_size, gamma, proxy, draft, lookup and OpenAI's parameters "
+                                   "method, block_size, gamma, proxy, draft, lookup, lookup_max, tree and OpenAI's "
+                                   "parameters "
                                    "(docs/serving.md); what it leaves out takes the defaults below (greedy "
                                    "sbd-verify: the model's own answers). Ctrl-C finishes the running requests, "
                                    "then stops; a second Ctrl-C fails them and stops at once. Needs the serve extra: "
@@ -32,20 +34,15 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--method", default="sbd-verify", choices=["sbd-verify", "sbd", "ntp"],
                    help="default decoding method (default: sbd-verify, the model's exact answers)")
     p.add_argument("--block-size", type=_positive, default=None,
-                   help="default block size (default: the adapter's trained size, else 16)")
-    p.add_argument("--draft", default="adaptive", choices=["adaptive", "block", "eb"],
-                   help="default sbd-verify drafting: adaptive = each request picks its draft length (up to the "
-                        "block size, or plain next-token steps) from its own acceptance and the forward costs timed "
-                        "at start-up; block = whole blocks; eb = revealed by the EB rule first (default: adaptive)")
+                   help="default block size (default: the adapter's trained size, else the model's recorded best, "
+                        "else 16)")
     p.add_argument("--gamma", type=_gamma, default=0.35, help="default EB bound for method sbd (default: 0.35)")
     p.add_argument("--max-tokens", type=_positive, default=256, help="default max_tokens (default: 256)")
     p.add_argument("--max-tokens-limit", type=_positive, default=1024,
                    help="largest max_tokens a request may ask (default: 1024)")
     p.add_argument("--prefill", default="separate", choices=["separate", "mixed"],
                    help="newcomers' prompts in a forward of their own, or inside the shared one (default: separate)")
-    p.add_argument("--lookup", action="store_true",
-                   help="default for greedy sbd-verify requests: draft from an earlier occurrence of the last "
-                        "tokens when there is one (a request may set \"lookup\")")
+    add_drafting_options(p, server=True)
     p.add_argument("--max-body-bytes", type=_positive, default=1 << 20,
                    help="largest request body; larger ones get HTTP 413 before they are read (default: 1 MiB)")
     p.add_argument("--max-prompt-tokens", type=_positive, default=None,
@@ -65,8 +62,8 @@ def config_from_args(args, model):
 
     return server_config(model, model_path=args.model, served_name=args.served_name, max_batch=args.max_batch,
                          max_queue=args.max_queue, max_model_len=args.max_model_len, prefill=args.prefill,
-                         method=args.method, draft=args.draft, block_size=args.block_size, gamma=args.gamma,
-                         lookup=args.lookup, max_tokens=args.max_tokens, max_tokens_limit=args.max_tokens_limit,
+                         method=args.method, block_size=args.block_size, gamma=args.gamma, **drafting_kwargs(args),
+                         max_tokens=args.max_tokens, max_tokens_limit=args.max_tokens_limit,
                          max_body_bytes=args.max_body_bytes, max_prompt_tokens=args.max_prompt_tokens,
                          api_key=_api_key(args))
 

@@ -18,6 +18,7 @@ all the engine knows of tree drafts (`sbd.decoding.trees`).
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ import torch
 from ..adapter import adapter_of
 from ..errors import SBDError
 from ..masks import tree_mask
+from ..sampler_head import Drafting, capture_output_input, head_of
 from .cache import slot_cache
 
 PREFILL_MODES = ("separate", "mixed")
@@ -165,6 +167,7 @@ class Engine:
         self.prefill = prefill
         self.keep_kw = "logits_to_keep" in inspect.signature(model.forward).parameters
         self.adapter = adapter_of(model)
+        self.sampler_head = head_of(model)  # drafts with it while it is enabled (`sbd.sampler_head`)
 
     # -- rows ----------------------------------------------------------------------------------------
     # Row i always sits in cache slot i. The row list, the lengths and the cache slots change only
@@ -273,20 +276,24 @@ class Engine:
             starts = [width - n_ + f.n_commit for n_, f in zip(real, feeds)]
             self.adapter.start = starts[0] if len(set(starts)) == 1 else torch.tensor(starts, device=dev)
         call = self.call if static else self.model
+        head = self._drafting_head(rows, call)
         try:
-            out = call(input_ids=tokens, position_ids=pos, attention_mask=mask, past_key_values=self.cache,
-                       use_cache=True, **kw)
+            with capture_output_input(self.model) if head is not None else contextlib.nullcontext() as box:
+                out = call(input_ids=tokens, position_ids=pos, attention_mask=mask, past_key_values=self.cache,
+                           use_cache=True, **kw)
         finally:
             if self.adapter is not None:
                 self.adapter.start = None
         logits = out.logits[:, -keep:]
+        hidden = box[0][:, -keep:] if head is not None else None  # the output layer's input at the kept positions
         for i, f in enumerate(feeds):
             self._lengths[lo + i] += f.n_commit
         if self.observer is not None:
             self.observer(ForwardRecord(tokens, pos, mask, logits, max(f.n_commit for f in feeds), self.cache,
                                         rows, [f.n_commit for f in feeds], lengths, real))
         # Every row says what it must know on the host; ONE read for all of them (a GPU sync per step).
-        asks = [r.ask(logits[i, keep - f.n_logits:]) if f.n_logits else None for i, (r, f) in enumerate(zip(rows, feeds))]
+        asks = [self._ask(r, logits[i, keep - f.n_logits:], head, hidden, i) if f.n_logits else None
+                for i, (r, f) in enumerate(zip(rows, feeds))]
         parts = [a for a in asks if a is not None and a.numel()]
         check = logits.amax(-1).sum().double().reshape(1)
         values = torch.cat([check] + [p.double() for p in parts]).tolist()
@@ -304,6 +311,19 @@ class Engine:
             if r.finished:
                 done.append(r)
         return done
+
+    def _drafting_head(self, rows, call):
+        """The sampler head, when it is enabled, the model is called eagerly (a compiled call may not run
+        hooks) and some row drafts with it in this step; else None (and nothing is captured)."""
+        head = self.sampler_head
+        if head is None or not head.enabled or call is not self.model:
+            return None
+        return head if any(getattr(r, "drafts_with_head", False) for r in rows) else None
+
+    def _ask(self, row, logits, head, hidden, i: int):
+        if hidden is not None and getattr(row, "drafts_with_head", False):
+            return row.ask(logits, drafting=Drafting(head, self.model, hidden[i, hidden.shape[1] - logits.shape[0]:]))
+        return row.ask(logits)
 
     def _keep(self, slot: int, start: int, n_commit: int, keep) -> None:
         """After a forward that committed `n_commit` tokens at `start`, the row keeps only the committed

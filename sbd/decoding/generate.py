@@ -18,6 +18,7 @@ from ..adapter import adapter_of
 from ..errors import SBDError
 from ..modes import eval_mode
 from ..sampler import PROXIES
+from .defaults import VerifySettings, recorded_block_size, resolve
 from .engine import Engine, ForwardRecord
 from .processing import Processing
 from .rows import VerifyRow, make_row
@@ -50,6 +51,7 @@ class GenerationResult:
     # logprobs=k: per row, per token (token_id, logprob, [(alt_id, alt_logprob), … the k most likely]),
     # from the raw next-token head (temperature 1, before logit_bias, penalties and top_p); else None
     logprobs: list[list[tuple[int, float, list[tuple[int, float]]]]] | None = None
+    settings: VerifySettings | None = None  # sbd-verify: the drafting settings it ran with (defaults resolved)
 
     @property
     def mean_accepted(self) -> float:
@@ -85,9 +87,12 @@ def compiled(model):
 
 
 def default_block_size(model) -> int:
-    """The block size a drafting adapter attached to `model` was trained for, else 16."""
+    """The block size a drafting adapter attached to `model` was trained for, else the one the model
+    records as measured best (`sbd.decoding.defaults`), else 16."""
     adapter = adapter_of(model)
-    return int(adapter.config.block_size) if adapter is not None else 16
+    if adapter is not None:
+        return int(adapter.config.block_size)
+    return recorded_block_size(model) or 16
 
 
 def default_eos_ids(model, tokenizer) -> list[int]:
@@ -254,9 +259,9 @@ def generate(
     stop: Sequence[str] | None = None,
     eos_token_ids: Sequence[int] | None = None,
     observer: Callable[[ForwardRecord], None] | None = None,
-    draft: str = "block",
-    lookup: bool = False,
-    lookup_max: int = VerifyRow.LOOKUP_MAX,
+    draft: str | None = None,
+    lookup: bool | None = None,
+    lookup_max: int | None = None,
     tree: Sequence[int] | str | None = None,
     static_shapes: bool = False,
     compile: bool = False,
@@ -275,25 +280,31 @@ def generate(
     next-token predictions: exactly NTP's output (greedy: the same tokens; sampling: the same
     distribution) in fewer forwards when the drafts are good.
 
-    block_size: tokens per block; default: the block size a drafting adapter was trained for, else 16.
-    draft (sbd-verify only): "block" takes the whole block the masked head predicts in the verifying
-    forward as the draft (gamma and proxy unused); "eb" first reveals it with the EB rule (gamma,
-    proxy) over forwards of its own, as SBD would — better drafts for more forwards; greedy only;
-    "adaptive" lets each row choose how many masks to feed (at most block_size) from its own acceptance
-    so far and the measured cost of wider forwards on this model (`sbd.decoding.width_cost`, timed
-    once per model and batch size): shorter drafts where they are often refused or forwards are
-    compute-bound, plain next-token steps (with an occasional probe) where no draft pays.
-    lookup (sbd-verify, greedy, draft "block" or "adaptive"): when the last 3 (else 2) tokens occurred
-    earlier in the prompt or the output, draft what followed them there (prompt lookup) instead of the
-    masks' draft; the tokens are still NTP's. `lookup_accepted` counts the kept draft tokens it proposed.
-    lookup_max: the longest lookup draft (default 16, independent of block_size): the draft runs as long
-    as the earlier occurrence goes on (then repeats it) up to this cap; a forward verifying a lookup
-    draft feeds no masks (they would only draft a forward that lookup drafts anyway).
-    tree (sbd-verify, greedy, draft "block" or "adaptive"): widths per depth such as (3, 2, 1) (or
-    "3,2,1"): each verifying forward carries a small tree instead of one chain — the chain as its main
-    branch plus, at depth d, the w_d most likely extensions by the masks' top candidates (and, with
-    lookup, the masks' chain besides lookup's); the longest path greedy decoding would produce is kept
-    (`sbd.decoding.trees`). The tokens are still NTP's; `accepted` counts the kept nodes. None: a chain.
+    block_size: tokens per block; default: the block size a drafting adapter was trained for, else the one
+    the model records (`sbd.decoding.defaults`), else 16.
+    Drafting settings of sbd-verify (draft, lookup, lookup_max, tree): each one left out (None) is the
+    fastest exact greedy configuration measured for this model (`sbd.decoding.defaults`: recorded by its
+    drafting adapter or its config, else whole-block chain drafts without lookup); with sampling they
+    are the plain ones (whole blocks, no lookup, a chain). Set any of them to switch it:
+    draft: "block" takes the whole block the masked head predicts in the verifying forward as the draft
+    (gamma and proxy unused); "eb" first reveals it with the EB rule (gamma, proxy) over forwards of its
+    own, as SBD would — better drafts for more forwards; greedy only; "adaptive" lets each row choose
+    how many masks to feed (at most block_size) from its own acceptance so far and the measured cost of
+    wider forwards on this model (`sbd.decoding.width_cost`, timed once per model and batch size):
+    shorter drafts where they are often refused or forwards are compute-bound, plain next-token steps
+    (with an occasional probe) where no draft pays.
+    lookup (greedy, draft "block" or "adaptive"): when the last 3 (else 2) tokens occurred earlier in
+    the prompt or the output, draft what followed them there (prompt lookup) instead of the masks'
+    draft; the tokens are still NTP's. `lookup_accepted` counts the kept draft tokens it proposed.
+    lookup_max: the longest lookup draft (16 unless the model records another, independent of
+    block_size): the draft runs as long as the earlier occurrence goes on (then repeats it) up to this
+    cap; a forward verifying a lookup draft feeds no masks (they would only draft a forward that lookup
+    drafts anyway).
+    tree (greedy, draft "block" or "adaptive"): widths per depth such as (3, 2, 1) (or "3,2,1"); "chain"
+    (or ()) for one chain: each verifying forward carries a small tree instead of one chain — the chain
+    as its main branch plus, at depth d, the w_d most likely extensions by the masks' top candidates
+    (and, with lookup, the masks' chain besides lookup's); the longest path greedy decoding would
+    produce is kept (`sbd.decoding.trees`). The tokens are still NTP's; `accepted` counts the kept nodes.
 
     seed (temperature > 0): an int (row i samples with seed + i) or one int per prompt; each row draws
     from its own stream, so a row samples the same alone as in any batch.
@@ -319,6 +330,11 @@ def generate(
     """
     if block_size is None:
         block_size = default_block_size(model)
+    if method in METHODS:  # (an unknown method is refused by _validate)
+        chosen = resolve(model, method=method, temperature=temperature if isinstance(temperature, (int, float)) else 0,
+                         draft=draft, lookup=lookup, lookup_max=lookup_max, tree=tree,
+                         fixed_shapes=static_shapes or compile)
+        draft, lookup, lookup_max, tree = chosen.draft, chosen.lookup, chosen.lookup_max, chosen.tree
     _validate(model, method, block_size, gamma, proxy, max_new_tokens, temperature, stop, draft, lookup, tree,
               static_shapes or compile, lookup_max)
     if compile and adapter_of(model) is not None:
@@ -369,6 +385,7 @@ def generate(
         prompt_lengths=[len(p) for p in prompt_ids], accepted=[r.accepted for r in rows],
         lookup_accepted=[r.lookup_accepted for r in rows],
         logprobs=[r.logprobs for r in rows] if processing.logprobs is not None else None,
+        settings=VerifySettings(draft, lookup, lookup_max, tree) if method == "sbd-verify" else None,
     )
 
 

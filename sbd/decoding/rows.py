@@ -30,6 +30,7 @@ import torch
 from ..errors import SBDError
 from ..masks import tree_mask
 from ..sampler import entropy_and_argmax, error_proxy, pick_tokens
+from ..sampler_head import walk
 from . import trees
 from .engine import Feed
 from .processing import Processing, bias_vector, pick, processed, read_logprobs, target_probs, token_logprobs
@@ -326,6 +327,16 @@ def best_draft_length(alpha: float, cost, longest: int, tree: Sequence[int] = ()
     return best
 
 
+def verify_width(block_size: int, lookup_max: int = 0, tree: Sequence[int] | None = None) -> int:
+    """The widest forward of an sbd-verify row (cache positions it writes past its committed part): a
+    forward verifying a lookup draft (at most `lookup_max`; 0 without lookup) feeds no masks; any other
+    feeds a draft of at most block − 1 (a tree of that depth) and block masks."""
+    if tree is None:
+        return max(2 * block_size + 1, 1 + lookup_max)
+    return max(trees.max_nodes(tree, block_size - 1) + block_size + 1,
+               trees.max_nodes(tree, block_size - 1, lookup_max))
+
+
 def leftover_draft(draft: Sequence[int], kept: int, next_token: int) -> list[int]:
     """A draft for the forward after a refused one, from the refused draft itself (greedy).
 
@@ -384,10 +395,21 @@ class VerifyRow(Row):
     lookup (greedy): the draft is prompt lookup's when it finds a match (`_lookup`, at most
     `lookup_max` tokens, from an index kept over prompt + output), else the masks'. A forward that
     verifies a lookup draft, chain or tree, feeds no masks: they would only draft the next forward if
-    every draft token stood, and then lookup drafts it again (`feed`)."""
+    every draft token stood, and then lookup drafts it again (`feed`).
+
+    Sampler head (`sbd.sampler_head`; greedy whole-block or adaptive drafts, chain or tree): when the
+    engine hands `ask` a `Drafting`, the masks' chain (the next draft, or a tree's main chain) is drawn
+    by the head instead of the masks' argmax: each position rescored among the masks' top candidates
+    given the token chosen before it. Branches stay the masks' own candidates. Sampling and draft="eb"
+    never use the head (`drafts_with_head`): a sampled draft must be drawn from the distribution q the
+    acceptance rule divides by, which is the masks' own."""
 
     PROBE_EVERY = 16
-    REUSE_LEFTOVER = True  # greedy: after a refusal, the refused draft's later places are the next draft
+    # greedy: after a refusal, the refused draft's later places are the next draft (`leftover_draft`).
+    # Off: measured worse on both models (the masks then ride on a draft that is often refused again,
+    # instead of drafting afresh in the right context): demo block 8 3.68 vs 3.90 tokens per forward,
+    # SmolLM2 chain 1.26 vs 1.41, tree 3,2 1.31 vs 1.58 (docs/results_smollm2.md).
+    REUSE_LEFTOVER = False
     LOOKUP_NGRAMS = (3, 2)  # prompt lookup: match the last 3 tokens, else the last 2
     # The longest prompt-lookup draft. A lookup draft runs as long as its earlier occurrence does and is
     # fed without masks (`feed`), so it costs its own width only: 16 makes a lookup forward (1 + 16) no
@@ -417,13 +439,7 @@ class VerifyRow(Row):
         self.n_masks = block_size  # masks fed by the next verifying forward that verifies no lookup draft
         self.plain_steps = 0  # consecutive next-token steps (adaptive drafting found no draft worth its width)
         self.rejections = 0  # verifying forwards in which a draft token was refused
-        # Cache positions a forward writes past the cache: its widest feed. A forward verifying a lookup
-        # draft feeds no masks (`feed`); any other feeds a draft of at most block − 1 and block masks.
-        look = lookup_max if lookup else 0
-        self.needs_extra = max(2 * block_size + 1, 1 + look)
-        if self.tree is not None:
-            self.needs_extra = max(trees.max_nodes(self.tree, block_size - 1) + block_size + 1,
-                                   trees.max_nodes(self.tree, block_size - 1, look))
+        self.needs_extra = verify_width(block_size, lookup_max if lookup else 0, self.tree)
         # prompt lookup's index over prompt + output: per n-gram size g, the g tokens → the latest start
         # of an occurrence other than the sequence's own last g tokens (`_index_new_tokens`)
         self._seq = list(self.prompt)  # prompt + output as far as known
@@ -439,6 +455,30 @@ class VerifyRow(Row):
         self.q_next = self.next_draft = None
         self.refining: list[int] | None = None  # eb: the block being revealed, [head, ...]
         self.masked: list[bool] = []
+        self._head_chain = 0  # values the sampler head's table took in the last `ask` (0: the masks' argmax)
+        self._chain_m = 0  # tokens in the last `ask`'s chain
+
+    @property
+    def drafts_with_head(self) -> bool:
+        """Whether this row drafts with a sampler head when the model has one: greedy block/adaptive drafts."""
+        return self.temperature <= 0 and self.eb_gamma is None
+
+    def _chain_values(self, masks: torch.Tensor, drafting, at: int, first: torch.Tensor) -> torch.Tensor:
+        """The masks' chain for the next draft (positions 2.. of the masks, `masks`): their argmax, or the
+        sampler head's table (`sbd.sampler_head.draft_table`) when a `Drafting` is given. `at`: where
+        `masks` starts among the row's logits; `first`: the next-token head's token before them."""
+        self._head_chain, self._chain_m = 0, masks.shape[0]
+        if drafting is None or masks.shape[0] == 0:
+            return masks.argmax(-1).double()
+        table = drafting.table(masks, at, first)
+        self._head_chain = table.numel()
+        return table.double()
+
+    def _read_chain(self, values) -> list[int]:
+        """The chain from the values `_chain_values` produced (they lead `values`)."""
+        if self._head_chain:
+            return walk(values[: self._head_chain], self._chain_m)
+        return [int(v) for v in values[: self._chain_m]]
 
     def feed(self) -> Feed:
         if self.in_prefill:
@@ -504,12 +544,15 @@ class VerifyRow(Row):
             parts.append(error_proxy(logits, self.proxy).double())
         return parts
 
-    def ask(self, logits: torch.Tensor) -> torch.Tensor:
+    def ask(self, logits: torch.Tensor, drafting=None) -> torch.Tensor:
+        """drafting: a `sbd.sampler_head.Drafting` (the engine passes one when the model has an enabled
+        sampler head and `drafts_with_head`): the next draft's chain comes from the head."""
+        self._head_chain = 0
         if self.refining is not None:
             logits[:, self.mask_id] = torch.finfo(logits.dtype).min
             return torch.cat(self._mask_values(logits))
         if self.tree is not None:
-            return self._ask_tree(logits)
+            return self._ask_tree(logits, drafting)
         n = len(self.draft)
         ntp, masks = logits[: 1 + n], logits[1 + n :]
         masks[:, self.mask_id] = torch.finfo(masks.dtype).min  # never draft the mask token
@@ -528,7 +571,10 @@ class VerifyRow(Row):
         else:
             tokens = target.argmax(-1)
             parts = [tokens.double()]
-            parts += self._mask_values(masks) if self.eb_gamma is not None else [masks[1:].argmax(-1).double()]
+            if self.eb_gamma is not None:
+                parts += self._mask_values(masks)
+            else:
+                parts.append(self._chain_values(masks[1:], drafting, 2 + n, tokens[-1]))
         if self.logprobs is not None:  # for every position: the token kept there, if it is kept
             parts.append(token_logprobs(ntp, tokens, self.top_logprobs).flatten())
         return torch.cat(parts)
@@ -543,7 +589,7 @@ class VerifyRow(Row):
         if not any(self.masked):
             self.draft, self.refining = self.refining[1:], None
 
-    def _ask_tree(self, logits: torch.Tensor) -> torch.Tensor:
+    def _ask_tree(self, logits: torch.Tensor, drafting=None) -> torch.Tensor:
         """Greedy, tree fed: the next-token argmax at every node, the masks' top-1 chain and, for the
         declared depths, the masks' top candidates with their log-probabilities."""
         tokens, parents, n_masks = self._fed
@@ -558,7 +604,7 @@ class VerifyRow(Row):
         depth = min(len(self.tree), max(0, n_masks - 1))
         width = min(max(self.tree[:depth], default=0), masks.shape[-1])
         self._top = (depth, width)
-        parts = [nxt.double(), masks[1:].argmax(-1).double()]
+        parts = [nxt.double(), self._chain_values(masks[1:], drafting, n + 1, nxt[-1])]
         if depth and width:
             top = torch.log_softmax(masks[1 : 1 + depth].float(), dim=-1).topk(width, dim=-1)
             parts += [top.indices.double().flatten(), top.values.double().flatten()]
@@ -574,8 +620,8 @@ class VerifyRow(Row):
         values, lp_values = (values[:-lp], values[-lp:]) if lp else (values, [])
         nxt = [int(v) for v in values[:n]]
         m = max(0, n_masks - 1)
-        chain = [int(v) for v in values[n : n + m]]
-        at = n + m
+        chain = self._read_chain(values[n:])
+        at = n + (self._head_chain or m)
         cand = [[int(v) for v in values[at + d * width : at + (d + 1) * width]] for d in range(depth)]
         at += depth * width
         cand_lp = [[-math.inf if t == self.mask_id else v  # the mask token is no candidate (a tiny vocabulary)
@@ -675,8 +721,8 @@ class VerifyRow(Row):
             self._reveal(rest)
         elif self.eb_gamma is not None:
             self.draft = []
-        else:
-            self._next_draft([int(v) for v in rest])
+        else:  # the masks' chain (the sampler head's, when it drew it)
+            self._next_draft(self._read_chain(rest))
         return n - a
 
 

@@ -8,7 +8,11 @@ causal forward (the NTP head, one forward per batch), as for any causal LM. Deco
 
 Model arguments (`--model_args k=v,...`): pretrained (a model folder, or demo / demo-ntp; from Python
 also a loaded model with `tokenizer=`), method
-(ntp | sbd | sbd-verify), gamma, block_size, proxy, draft, max_gen_toks, dtype, threads, stats_path.
+(ntp | sbd | sbd-verify), gamma, block_size, proxy, draft, lookup (true/false), lookup_max, tree (widths
+joined by ":" as the harness splits on commas, e.g. tree=3:2, or chain), max_gen_toks, dtype, threads,
+stats_path. block_size and sbd-verify's drafting settings left out are the model's defaults (an adapter's
+trained block size; its measured fastest exact configuration, `sbd.decoding.defaults`), as in
+`sbd.generate`.
 `--batch_size` and `--device` are the harness's own options.
 """
 
@@ -33,6 +37,18 @@ _last = None  # the most recently built SBDLM: `sbd lm-eval` reads its counts af
 KNOWN_GEN_KWARGS = {"until", "max_gen_toks", "do_sample", "temperature", "seed"}
 
 
+def _flag(name: str, value) -> bool | None:
+    """A true/false model argument (the harness passes strings); None stays None (the default)."""
+    if value is None or isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    raise SBDError(f"model argument {name}={value!r} is not true or false")
+
+
 def _number(name: str, value, kind):
     try:
         return kind(value)
@@ -44,13 +60,15 @@ def _number(name: str, value, kind):
 class SBDLM(TemplateLM):
     """lm-eval's `LM` interface over an SBD-capable (or any causal) model folder."""
 
-    def __init__(self, pretrained: str = "demo", method: str = "sbd", gamma=0.35, block_size=16,
-                 proxy: str = "entropy", draft: str = "block", max_gen_toks=256, batch_size=1,
+    def __init__(self, pretrained: str = "demo", method: str = "sbd", gamma=0.35, block_size=None,
+                 proxy: str = "entropy", draft: str | None = None, lookup=None, lookup_max=None, tree=None,
+                 max_gen_toks=256, batch_size=1,
                  max_batch_size=None, device: str | None = None, dtype: str | None = None, threads=None,
                  stats_path: str | None = None, tokenizer=None, **unused):
         super().__init__()
         global _last
-        from ..decoding.generate import METHODS, _validate
+        from ..decoding.defaults import resolve
+        from ..decoding.generate import METHODS, _validate, default_block_size
         from ..models.loading import load
 
         if unused:
@@ -82,12 +100,19 @@ class SBDLM(TemplateLM):
             self.model, self.tokenizer = load(str(pretrained), device=device, dtype=torch_dtype,
                                               probe=method != "ntp")
             self.pretrained = str(pretrained)
-        self.method, self.proxy, self.draft = method, proxy, draft
+        self.method, self.proxy = method, proxy
         self.gamma = _number("gamma", gamma, float)
-        self.block_size = _number("block_size", block_size, int)
+        self.block_size = (default_block_size(self.model) if block_size is None
+                           else _number("block_size", block_size, int))
         self.max_gen_toks_default = _number("max_gen_toks", max_gen_toks, int)
+        given = {"draft": draft, "lookup": _flag("lookup", lookup),
+                 "lookup_max": None if lookup_max is None else _number("lookup_max", lookup_max, int),
+                 "tree": None if tree is None else str(tree).replace(":", ",")}
+        self.drafting = {k: v for k, v in given.items() if v is not None}  # left out: the model's defaults
+        greedy = resolve(self.model, method=method, temperature=0.0, **self.drafting)  # also checks the tree
         _validate(self.model, method, self.block_size, self.gamma, proxy, self.max_gen_toks_default, 0.0,
-                  None, draft)
+                  None, greedy.draft, greedy.lookup, greedy.tree, False, greedy.lookup_max)
+        self.settings = greedy if method == "sbd-verify" else None  # the last generation's (stats)
         self._device = torch.device(device)
         self.stats_path = stats_path
         self.counts = defaultdict(lambda: {"requests": 0, "tokens": 0, "nfe": 0, "seconds": 0.0})
@@ -219,7 +244,8 @@ class SBDLM(TemplateLM):
                 t0 = time.perf_counter()
                 result = generate(self.model, self.tokenizer, prompts,
                                   method=self.method, block_size=self.block_size, gamma=self.gamma,
-                                  proxy=self.proxy, draft=self.draft, **options)
+                                  proxy=self.proxy, **self.drafting, **options)
+                self.settings = result.settings
                 count = self.counts[task]
                 count["requests"] += len(chunk)
                 count["tokens"] += result.num_tokens
@@ -246,7 +272,8 @@ class SBDLM(TemplateLM):
             c["nfe_per_request"] = c["nfe"] / c["requests"] if c["requests"] else None
             c["tokens_per_second"] = c["tokens"] / c["seconds"] if c["seconds"] else None
         return {"pretrained": self.pretrained, "method": self.method, "gamma": self.gamma,
-                "block_size": self.block_size, "proxy": self.proxy, "draft": self.draft,
+                "block_size": self.block_size, "proxy": self.proxy,
+                "drafting": self.settings.as_dict() if self.settings is not None else None,
                 "batch_size": self.batch_size_per_gpu, "device": str(self.device),
                 "dtype": str(self.model.dtype).replace("torch.", ""), "torch_threads": torch.get_num_threads(),
                 "tasks": tasks}

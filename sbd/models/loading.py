@@ -94,7 +94,8 @@ def packaged_model(name: str) -> tuple[Path, Path]:
 
 
 def load(path, *, adapter=None, device: str | None = None, dtype: torch.dtype | None = None,
-         trust_remote_code: bool = False, probe: bool = True, narrow_linear: bool | None = None):
+         trust_remote_code: bool = False, probe: bool = True, narrow_linear: bool | None = None,
+         sampler_head: bool = True):
     """(model, tokenizer) from a local model directory, with SDPA attention, in eval mode.
 
     "demo" and "demo-ntp" name the models shipped with the package (SBD-trained and NTP-trained);
@@ -107,11 +108,15 @@ def load(path, *, adapter=None, device: str | None = None, dtype: torch.dtype | 
     The model must pass the conformance probe (`sbd.probe.probe_model`) unless `probe=False`.
     narrow_linear: compute the linear layers of few-token forwards as W·xᵀ (`sbd.models.narrow_linear`;
     default: on for float32 on CPU, where SBD's narrow forwards otherwise cost up to 2x a 1-token one).
+    sampler_head: attach the sampler head saved in the adapter's folder, if it holds one
+    (`sbd.sampler_head`: sbd-verify's drafts then see each other); False leaves it off (drafts as the
+    masks alone make them). Either way the output of sbd-verify is the model's own.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     from .. import adapter as adapters
+    from .. import sampler_head as heads
     from . import narrow_linear as narrow
 
     device = check_device(device or "cpu")
@@ -158,6 +163,8 @@ def load(path, *, adapter=None, device: str | None = None, dtype: torch.dtype | 
             hf_logging.enable_progress_bar()
     if adapter is not None:
         adapters.load(model, adapter)
+        if sampler_head and heads.has_head(adapter):
+            heads.load(model, adapter)
     model.to(device).eval()
     if narrow_linear is None:
         narrow_linear = narrow.worth_it(device, model.dtype)

@@ -1,9 +1,9 @@
 """The request bodies the server accepts, checked into `Options`: every OpenAI field is honoured or refused
 with a 400 that names it, and fields OpenAI does not know are refused as OpenAI refuses them.
 
-sbd adds `method`, `block_size`, `gamma`, `proxy`, `draft` and `lookup`. Two deliberate differences from
-OpenAI: `temperature` defaults to 0 and `method` to sbd-verify, so a client that asks nothing gets the
-model's own greedy answer. docs/serving.md lists every field.
+sbd adds `method`, `block_size`, `gamma`, `proxy`, `draft`, `lookup`, `lookup_max` and `tree`. Two
+deliberate differences from OpenAI: `temperature` defaults to 0 and `method` to sbd-verify, so a client
+that asks nothing gets the model's own greedy answer, drafted with the model's fastest exact settings. docs/serving.md lists every field.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from ..decoding.defaults import GENERAL, PLAIN, VerifySettings, tree_setting
+from ..errors import SBDError
 from .config import Limits
 from .errors import APIError
 
@@ -54,6 +56,8 @@ class DecodingFields(_Strict):
     proxy: str | None = None
     draft: str | None = None
     lookup: bool | None = None
+    lookup_max: int | None = None
+    tree: Any = None  # widths per depth ([3, 2] or "3,2"), or "chain"
 
 
 class CompletionRequest(DecodingFields):
@@ -98,6 +102,8 @@ class Options:
     stream: bool = False
     n: int = 1
     lookup: bool = False
+    lookup_max: int = 16
+    tree: tuple[int, ...] | None = None  # sbd-verify, greedy: tree drafts' widths per depth (None: a chain)
     logprobs: int | None = None  # alternatives per token (None: no logprobs)
     echo: bool = False
     logit_bias: dict[int, float] = field(default_factory=dict)
@@ -194,8 +200,11 @@ def _logprobs(req) -> tuple[int | None, bool]:
 
 
 def options(req: DecodingFields, limits: Limits, default_block: int, vocab: int,
-            mask_id: int | None = None) -> Options:
-    """Defaults filled in and every value checked; an APIError (400) names the first bad field."""
+            mask_id: int | None = None, defaults: VerifySettings = GENERAL) -> Options:
+    """Defaults filled in and every value checked; an APIError (400) names the first bad field.
+    defaults: greedy sbd-verify's drafting settings for fields a request leaves out (the model's measured
+    ones with the server's options over them, `Server.defaults`); sampling and the other methods take
+    the plain ones (whole blocks, no lookup, a chain)."""
     _refuse_openai_extras(req)
     n = 1 if req.n is None else req.n
     if not 1 <= n <= limits.n_limit:
@@ -213,18 +222,24 @@ def options(req: DecodingFields, limits: Limits, default_block: int, vocab: int,
     if proxy not in ("entropy", "confidence", "margin"):
         raise bad("proxy must be entropy, confidence or margin", "proxy")
     temperature = _number(req.temperature, "temperature", 0, 2, 0.0)
-    # the server's default draft is sbd-verify's, and greedy only when adaptive (with sampling, timed draft
-    # lengths would make a seed stop reproducing the sample)
-    default = limits.draft if method == "sbd-verify" else "block"
-    draft = req.draft or (default if not (default == "adaptive" and temperature > 0) else "block")
+    # left-out drafting fields: greedy sbd-verify takes the server's defaults, everything else the plain
+    # ones (with sampling, timed draft lengths would make a seed stop reproducing the sample)
+    base = defaults if method == "sbd-verify" and temperature == 0 else PLAIN
+    draft = req.draft or base.draft
     if draft not in ("block", "eb", "adaptive") or (draft != "block" and method != "sbd-verify"):
         raise bad("draft is block, eb or adaptive, and eb and adaptive apply to method sbd-verify only", "draft")
     if draft in ("eb", "adaptive") and temperature > 0:
         raise bad(f"draft {draft} is greedy only (temperature 0)", "draft")
-    lookup_fits = method == "sbd-verify" and temperature == 0 and draft != "eb"
-    if req.lookup and not lookup_fits:
+    fits = method == "sbd-verify" and temperature == 0 and draft != "eb"  # where lookup and trees apply
+    if req.lookup and not fits:
         raise bad("lookup applies to method sbd-verify, greedy (temperature 0), draft block or adaptive", "lookup")
-    lookup = req.lookup if req.lookup is not None else (limits.lookup and lookup_fits)
+    lookup = req.lookup if req.lookup is not None else (base.lookup and fits)
+    if req.lookup_max is not None and not 1 <= req.lookup_max <= limits.lookup_max_limit:
+        raise bad(f"lookup_max must be between 1 and {limits.lookup_max_limit}", "lookup_max")
+    lookup_max = req.lookup_max if req.lookup_max is not None else base.lookup_max
+    tree = _tree(req.tree, base.tree if fits else None)
+    if tree is not None and not fits:
+        raise bad("tree applies to method sbd-verify, greedy (temperature 0), draft block or adaptive", "tree")
     max_tokens = req.max_tokens
     if isinstance(req, ChatRequest) and req.max_completion_tokens is not None:
         if max_tokens is not None and max_tokens != req.max_completion_tokens:
@@ -240,7 +255,8 @@ def options(req: DecodingFields, limits: Limits, default_block: int, vocab: int,
     if top_p == 0:
         raise bad("top_p must be greater than 0 (and at most 1)", "top_p")
     chosen = Options(method, block, float(gamma), proxy, draft, max_tokens, temperature, req.seed,
-                     stop_strings(req.stop), bool(req.stream), n=n, lookup=bool(lookup), logprobs=logprobs,
+                     stop_strings(req.stop), bool(req.stream), n=n, lookup=bool(lookup), lookup_max=lookup_max,
+                     tree=tree, logprobs=logprobs,
                      echo=echo, logit_bias=_logit_bias(req.logit_bias, vocab, mask_id),
                      presence_penalty=_number(req.presence_penalty, "presence_penalty", -2, 2, 0.0),
                      frequency_penalty=_number(req.frequency_penalty, "frequency_penalty", -2, 2, 0.0), top_p=top_p)
@@ -251,6 +267,18 @@ def options(req: DecodingFields, limits: Limits, default_block: int, vocab: int,
                 raise bad(f"{name} applies to methods ntp and sbd-verify (the next-token head); method sbd "
                           "reveals tokens with the masked head", name)
     return chosen
+
+
+def _tree(value, default: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """A request's `tree` (widths as a list or "3,2", or "chain") → widths or None; `default` if left out."""
+    if value is not None and not (isinstance(value, str) or (isinstance(value, list) and all(
+            isinstance(w, int) and not isinstance(w, bool) for w in value))):
+        raise bad('tree is a list of widths per depth such as [3, 2], "3,2", or "chain"', "tree")
+    try:
+        chosen = tree_setting(value)
+    except SBDError as e:
+        raise bad(str(e), "tree") from None
+    return default if chosen == "default" else chosen
 
 
 def prompt_of(req: CompletionRequest) -> str | list[int]:

@@ -9,10 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ..decoding.generate import apply_chat, check_prompt_ids, context_limit, default_block_size, default_eos_ids
 from ..decoding.processing import Processing
-from ..decoding.rows import make_row
+from ..decoding.rows import make_row, verify_width
 from ..decoding.width_cost import forward_costs
 from ..errors import SBDError
-from .config import Limits, ServerConfig
+from .config import Limits, ServerConfig, server_defaults
 from .errors import APIError
 from .metrics import Metrics
 from .protocol import Options
@@ -34,7 +34,13 @@ class Server:
         # adaptive drafting trades acceptance against the cost of a wider forward, timed once here at the
         # engine's full batch (the load the server is sized for)
         self.forward_cost = forward_costs(model, batch=config.max_batch)
-        width = 2 * max(self.limits.block_size_limit, self.default_block) + 1
+        self.defaults = server_defaults(model, self.limits)
+        # the widest forward a row may need: whole blocks of the largest block size a request may ask,
+        # and the default drafting settings at that size (a request asking wider is refused in `jobs`)
+        block = max(self.limits.block_size_limit, self.default_block)
+        width = max(2 * block + 1, verify_width(block, self.defaults.lookup_max if self.defaults.lookup else 0,
+                                                self.defaults.tree))
+        self.width = width
         limit = context_limit(model)  # prompt + max_tokens never run past the model's positions
         self.max_len = min(config.max_model_len, limit) if limit else config.max_model_len
         self.max_prompt = min(config.max_prompt_tokens or self.max_len - 1, self.max_len - 1)
@@ -105,8 +111,11 @@ class Server:
                                gamma=opts.gamma, proxy=opts.proxy, draft=opts.draft, max_new=opts.max_tokens,
                                eos=self.eos, stop=opts.stop, tokenizer=self.tokenizer, temperature=opts.temperature,
                                seed=seed, device=self.device, cost=self.forward_cost, lookup=opts.lookup,
-                               processing=processing)
+                               lookup_max=opts.lookup_max, tree=opts.tree, processing=processing)
             except SBDError as e:  # a combination the decoder refuses
                 raise APIError(400, str(e), param="method") from None
+            if row.needs_extra > self.width:
+                raise APIError(400, f"this tree or lookup_max needs forwards {row.needs_extra} tokens wide; this "
+                                    f"server runs at most {self.width}", param="tree" if opts.tree else "lookup_max")
             jobs.append(Job(row, opts.method, loop, events=events, index=i))
         return jobs

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from ..adapter import adapter_of, gated
 from ..errors import SBDError
+from ..sampler_head import capture_output_input
 from .collator import IGNORE
 
 
@@ -40,6 +41,7 @@ class AdapterOutputs:
     logits: torch.Tensor            # (N, V) masked predictions at the N labelled noisy positions, row-major
     base_logits: torch.Tensor | None  # (N, V) the frozen model's next-token logits for the same targets (KL)
     kl_valid: torch.Tensor | None   # (N,) bool: targets that are tokens of x (not EOS padding), KL applies
+    hidden: torch.Tensor | None = None  # (N, H) the output layer's input at the same positions (sampler head)
 
 
 def _backbone(model):
@@ -104,13 +106,15 @@ def freeze_below(model, layer: int) -> int:
 
 
 def adapter_logits(model, inputs: dict, labels: torch.Tensor, num_clean: int,
-                   source_positions: torch.Tensor | None = None, grad_layer: int = 0) -> AdapterOutputs:
+                   source_positions: torch.Tensor | None = None, grad_layer: int = 0,
+                   with_hidden: bool = False) -> AdapterOutputs:
     """Masked logits at the labelled noisy positions, computed in two passes (see the module docstring).
 
     inputs: the doubled batch (input_ids, position_ids, a (B,1,T,T) bool attention_mask). labels: (B,T),
     IGNORE everywhere in the clean half. source_positions: (B, T − n) the position in x each noisy
     position copies (−1 for EOS padding); given, the frozen model's next-token logits for each target
     are returned too (for the KL term). grad_layer: see `grad_from_layer` (0: autograd everywhere).
+    with_hidden: also return the final hidden states at the same positions (what a sampler head reads).
     """
     from transformers import DynamicCache
 
@@ -130,12 +134,19 @@ def adapter_logits(model, inputs: dict, labels: torch.Tensor, num_clean: int,
             prev = hidden[rows, (src - 1).clamp_min(0)]               # the clean position that predicts it
             base_logits = model.get_output_embeddings()(prev)
     noisy_mask = torch.cat([mask[:, :, n:, :c], mask[:, :, n:, n:]], dim=-1)
-    with gated(model, 0), grad_from_layer(model, grad_layer):
+    capture = capture_output_input(model) if with_hidden else contextlib.nullcontext()
+    with gated(model, 0), grad_from_layer(model, grad_layer), capture as box:
         logits = model(input_ids=ids[:, n:], position_ids=pos[:, n:], attention_mask=noisy_mask,
                        past_key_values=cache, use_cache=True, logits_to_keep=keep).logits
-    if logits.dim() == 3:
-        logits = logits[0] if logits.shape[0] == 1 and logits.shape[1] == int(keep.sum()) else logits[:, n:][keep]
-    return AdapterOutputs(logits, base_logits, kl_valid)
+    hidden = _labelled_rows(box[0], keep, n) if with_hidden else None
+    return AdapterOutputs(_labelled_rows(logits, keep, n), base_logits, kl_valid, hidden)
+
+
+def _labelled_rows(x: torch.Tensor, keep: torch.Tensor, n: int) -> torch.Tensor:
+    """(N, ·) rows of the labelled positions, whether the model sliced with `logits_to_keep` or not."""
+    if x.dim() == 3:
+        return x[0] if x.shape[0] == 1 and x.shape[1] == int(keep.sum()) else x[:, n:][keep]
+    return x
 
 
 def plain_adapter_logits(model, inputs: dict, labels: torch.Tensor, num_clean: int) -> torch.Tensor:

@@ -227,6 +227,20 @@ class SBDDataCollator:
         from_x = real & (offset < (clean["lengths"].to(offset.device) - origin)[:, None])
         return torch.where(from_x, origin[:, None] + offset, -1)
 
+    def previous_tokens(self, clean: dict, block_size: int, windows: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, M): for each noisy position, the true token at the position before it in the same block
+        (the token a sampler head is fed in teacher forcing), −1 at a block's first position. The true
+        token of EOS padding is EOS."""
+        src = self.sources(clean, block_size, windows)
+        ids = clean["input_ids"].to(src.device)
+        fill = self.eos_token_id if self.eos_token_id is not None else self.pad_token_id
+        truth = torch.where(src >= 0, ids.gather(1, src.clamp_min(0)), fill)
+        prev = torch.full_like(truth, -1)
+        j = torch.arange(truth.shape[1], device=truth.device)
+        inside = (j % int(block_size) != 0)[1:]
+        prev[:, 1:] = torch.where(inside[None], truth[:, :-1], -1)
+        return prev
+
     def corrupt(self, clean: dict, block_size: int, eta: torch.Tensor, u: torch.Tensor,
                 dense_mask: bool = True, block_noise: torch.Tensor | None = None,
                 windows: torch.Tensor | None = None) -> dict:

@@ -81,6 +81,18 @@ class TrainConfig:
     position_decay: Optional[float] = field(default=None, metadata=_opt(
         "--adapter: weight a masked target at block offset i by DECAY^(i-1) (offsets 0 and 1 weigh 1): the first "
         "draft positions decide how many tokens sbd-verify accepts. Default: equal weights"))
+    sampler_head: bool = field(default=False, metadata=_opt(
+        "--adapter: also train a sampler head with the adapter: a small MLP that redrafts each block position "
+        "from its masked hidden state and the token before it, so that sbd-verify's drafts see each other (never "
+        "changes the output). Saved beside the adapter (sampler_head.safetensors); an adapter --model's head "
+        "is continued"))
+    sampler_head_only: bool = field(default=False, metadata=_opt(
+        "--adapter: train only a sampler head over the frozen trained adapter given as --model (the model runs "
+        "without autograd: a step costs about one forward); the adapter is saved unchanged beside it"))
+    sampler_head_width: Optional[int] = field(default=None, metadata=_opt(
+        "inner width of a new sampler head (default: 256, or the width of the head being continued)"))
+    sampler_head_weight: float = field(default=1.0, metadata=_opt(
+        "--sampler-head: weight of the head's loss next to the masked loss"))
     group_by_length: bool = field(default=False, metadata=_opt(
         "batch sequences of similar length together (less padding computed per step)"))
     seed: int = field(default=0, metadata=_opt("seed of initialisation-free randomness: data order, masks, k"))
@@ -101,6 +113,7 @@ class TrainConfig:
     resume_keys = ("data", "mode", "adapter", "rank", "alpha", "kl_weight", "steps", "batch_size", "grad_accum", "lr", "warmup_steps", "max_len",
                    "block_size_min", "block_size_max", "block_size", "mask_rate", "align_to_completion",
                    "last_block", "suffix_share", "noisy_blocks", "train_layers_from", "position_decay",
+                   "sampler_head", "sampler_head_only", "sampler_head_width", "sampler_head_weight",
                    "group_by_length", "seed")
 
     def __post_init__(self):
@@ -148,6 +161,7 @@ class TrainConfig:
         if self.position_decay is not None and not (
                 isinstance(self.position_decay, (int, float)) and 0 < self.position_decay <= 1):
             raise SBDError(f"--position-decay must lie in (0, 1], got {self.position_decay}")
+        self._validate_head()
         if self.noisy_blocks is not None and self.attention == "flex":
             raise SBDError("--noisy-blocks needs the dense SDPA mask; it cannot be combined with --attention flex")
         if self.save_total_limit < 0:
@@ -157,6 +171,29 @@ class TrainConfig:
             if getattr(self, name) not in choices:
                 raise SBDError(f"--{name.replace('_', '-')} must be one of {', '.join(choices)}, "
                                f"got {getattr(self, name)!r}")
+
+    def _validate_head(self) -> None:
+        heads = self.sampler_head or self.sampler_head_only
+        if (heads or self.sampler_head_width is not None or self.sampler_head_weight != 1.0) and self.adapter is None:
+            raise SBDError("--sampler-head, --sampler-head-only, --sampler-head-width and --sampler-head-weight "
+                           "apply to --adapter runs only")
+        if self.sampler_head and self.sampler_head_only:
+            raise SBDError("choose one of --sampler-head (train it with the adapter) and --sampler-head-only "
+                           "(train it alone over a frozen adapter)")
+        if (self.sampler_head_width is not None or self.sampler_head_weight != 1.0) and not heads:
+            raise SBDError("--sampler-head-width and --sampler-head-weight need --sampler-head or "
+                           "--sampler-head-only")
+        w = self.sampler_head_width
+        if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < 1):
+            raise SBDError(f"--sampler-head-width must be >= 1, got {w!r}")
+        v = self.sampler_head_weight
+        if not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+            raise SBDError(f"--sampler-head-weight must be a positive number, got {v!r}")
+        if self.sampler_head_only and self.sampler_head_weight != 1.0:
+            raise SBDError("--sampler-head-weight weighs the head against the masked loss; --sampler-head-only "
+                           "has no masked loss to weigh against")
+        if self.sampler_head_only and (self.kl_weight or self.train_layers_from):
+            raise SBDError("--sampler-head-only trains no adapter: --kl-weight and --train-layers-from do not apply")
 
     @property
     def warmup(self) -> int:
@@ -285,6 +322,34 @@ def train(config: TrainConfig) -> Path:
                        "intact; free space or fix permissions, then --resume)") from None
 
 
+def _head_mode(config: TrainConfig) -> str | None:
+    """SBDTrainer's sampler_head: "only", "joint" or None."""
+    return "only" if config.sampler_head_only else "joint" if config.sampler_head else None
+
+
+def _setup_head(model, config: TrainConfig, warm: bool) -> None:
+    """Attach, continue or drop the sampler head as the options ask (after the adapter is in place)."""
+    from .. import sampler_head as heads
+
+    head = heads.head_of(model)
+    if not (config.sampler_head or config.sampler_head_only):
+        if head is not None:  # a head trained for the adapter as it was; the adapter is about to change
+            heads.detach(model)
+            print(f"the sampler head of {config.model} is not carried over (train one with --sampler-head)")
+        return
+    if config.sampler_head_only and not warm:
+        raise SBDError("--sampler-head-only trains a head over a trained drafting adapter: give the adapter's "
+                       "folder as --model (or use --sampler-head to train both)")
+    if head is None:
+        heads.attach(model, heads.SamplerHeadConfig(width=config.sampler_head_width or heads.DEFAULT_WIDTH))
+    elif config.sampler_head_width not in (None, head.config.width):
+        raise SBDError(f"--model's sampler head has width {head.config.width}; give --sampler-head-width "
+                       f"{head.config.width} (or none) to continue it")
+    else:
+        print(f"continuing the sampler head of {config.model} (its weights are the starting point)")
+    heads.head_of(model).requires_grad_(True)
+
+
 def _run(config: TrainConfig) -> Path:
     resume_from = _resume_point(config)
 
@@ -320,6 +385,8 @@ def _run(config: TrainConfig) -> Path:
             adapters.attach(model, adapters.AdapterConfig(
                 r=config.rank, lora_alpha=float(config.alpha), block_size=config.block_size or config.block_size_max,
                 base_model_name_or_path=base_name(config.model)))
+        elif config.sampler_head_only:  # the adapter stays exactly as it is; only a head trains over it
+            print(f"training a sampler head over the drafting adapter of {config.model} (the adapter is unchanged)")
         else:  # warm start: training goes on from the adapter's weights (new data, more steps)
             if (start.config.r, float(start.config.lora_alpha)) != (config.rank, float(config.alpha)):
                 raise SBDError(f"--model's adapter has rank {start.config.r} and alpha {start.config.lora_alpha:g}; "
@@ -331,6 +398,7 @@ def _run(config: TrainConfig) -> Path:
             from .adapter_forward import freeze_below
 
             freeze_below(model, config.train_layers_from)
+        _setup_head(model, config, start is not None)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     dataset = tokenize_records(records, tokenizer, config.max_len, mask_id)
@@ -352,6 +420,8 @@ def _run(config: TrainConfig) -> Path:
                          processing_class=tokenizer, mode="adapter" if config.adapter else config.mode,
                          kl_weight=config.kl_weight, grad_layer=config.train_layers_from,
                          position_decay=config.position_decay, metrics_file=out / METRICS_FILE,
+                         sampler_head=_head_mode(config),
+                         sampler_head_weight=config.sampler_head_weight,
                          show_progress=config.progress, convergence_examples=heldout,
                          convergence_steps=config.eval_steps, convergence_block_size=config.eval_block_size)
     main = trainer.is_world_process_zero()

@@ -18,6 +18,7 @@ scheduler, RNG and data position. This subclass adds the SBD parts:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -27,11 +28,14 @@ import sys
 import threading
 import time
 
+from dataclasses import dataclass
+
 import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from .. import adapter as adapters
+from .. import sampler_head as heads
 from ..adapter import adapter_of
 from ..errors import SBDError
 from . import checkpoints as ckpt
@@ -42,6 +46,7 @@ from .collator import IGNORE
 from .loss import position_weights, sbd_loss
 
 MODES = ("sbd", "ntp", "adapter")
+HEAD_MODES = (None, "joint", "only")  # the sampler head: not trained, trained with the adapter, trained alone
 _MASK64 = (1 << 64) - 1
 _BLOCK_TAG = 0x4B4B
 
@@ -102,12 +107,19 @@ class SBDTrainer(Trainer):
     steps (default: the save interval) and at the end, the teacher-forced masked vs NTP accuracy on them
     (`sbd.training.convergence`) is logged as masked_acc, ntp_acc and gap, so a user sees when SBD
     fine-tuning has converged.
+
+    sampler_head (mode "adapter", with a head attached: `sbd.sampler_head.attach`): "joint" adds the
+    head's teacher-forced loss (`sampler_head_weight` ×, logged as head_loss) to the masked loss;
+    "only" trains the head alone over the frozen adapter: the model forward runs without autograd, so
+    a step costs about one forward. Each masked target at block offset ≥ 1 is a head target, fed the
+    true token before it. head_base_loss logs the masks' own loss on the same targets.
     """
 
     def __init__(self, model=None, args: TrainingArguments | None = None, data_collator=None, train_dataset=None,
                  processing_class=None, *, mode: str = "sbd", metrics_file=None, show_progress: bool = True,
                  convergence_examples=None, convergence_steps: int | None = None, convergence_block_size: int = 16,
-                 kl_weight: float = 0.0, grad_layer: int = 0, position_decay: float | None = None, **kwargs):
+                 kl_weight: float = 0.0, grad_layer: int = 0, position_decay: float | None = None,
+                 sampler_head: str | None = None, sampler_head_weight: float = 1.0, **kwargs):
         if mode not in MODES:
             raise SBDError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
         if mode == "adapter" and adapter_of(model) is None:
@@ -120,6 +132,7 @@ class SBDTrainer(Trainer):
             raise SBDError(f"position_decay must lie in (0, 1], got {position_decay!r}")
         if model is None or train_dataset is None:
             raise SBDError("SBDTrainer needs a model and a train_dataset")
+        _check_head_options(model, mode, sampler_head, sampler_head_weight, kl_weight, grad_layer)
         model_mask = getattr(model.config, "sbd_mask_token_id", None)
         if data_collator is None:
             data_collator = SBDDataCollator(processing_class, mask_token_id=model_mask)
@@ -141,6 +154,8 @@ class SBDTrainer(Trainer):
         self.kl_weight = float(kl_weight)
         self.grad_layer = int(grad_layer)  # decoder layers below it run without autograd (adapter_forward.py)
         self.position_decay = position_decay
+        self.head_mode = sampler_head
+        self.head_weight = float(sampler_head_weight)
         self.noise_seed = data_collator.seed if data_collator.seed is not None else args.seed
         self.loss_is_scaled_for_ga = True  # compute_loss divides by the whole step's target count
         # logits only at labelled positions (both modes) and, on CPU with SDPA, causal attention for the
@@ -204,6 +219,8 @@ class SBDTrainer(Trainer):
                 n = clean["input_ids"].shape[1]
                 batch["labels"][:, :n] = IGNORE
                 batch["source_positions"] = c.sources(clean, k, windows)
+                if self.head_mode is not None:  # teacher forcing: the true token before each target
+                    batch["previous_tokens"] = c.previous_tokens(clean, k, windows)
                 if self.position_decay is not None:
                     batch["loss_weights"] = self._weights(batch["labels"], n, k)
         batch["num_tokens"] = clean["lengths"].sum()
@@ -245,13 +262,18 @@ class SBDTrainer(Trainer):
         num_tokens = inputs.pop("num_tokens")
         source = inputs.pop("source_positions", None)
         weights = inputs.pop("loss_weights", None)
-        kl = None
+        previous = inputs.pop("previous_tokens", None)
+        kl = head = None
         if self.mode == "adapter":  # two passes, the clean one without autograd (training/adapter_forward.py)
-            out = adapter_logits(model, inputs, labels, num_clean, source if self.kl_weight else None,
-                                 grad_layer=self.grad_layer)
+            frozen = torch.no_grad() if self.head_mode == "only" else contextlib.nullcontext()
+            with frozen:  # head alone: no autograd through the model at all
+                out = adapter_logits(model, inputs, labels, num_clean, source if self.kl_weight else None,
+                                     grad_layer=self.grad_layer, with_hidden=self.head_mode is not None)
             outputs, logits = None, out.logits
             if self.kl_weight:
                 kl = kl_sum(out.logits, out.base_logits, out.kl_valid)
+            if self.head_mode is not None:
+                head = _head_terms(model, out, labels, num_clean, previous, weights)
         elif return_outputs or not self.fast_forward:
             outputs = model(**inputs, use_cache=False)
             logits = outputs.logits
@@ -260,19 +282,26 @@ class SBDTrainer(Trainer):
             logits = training_logits(model, inputs, labels, num_clean if self.mode == "sbd" else None)
         parts = sbd_loss(logits, labels, num_clean, num_items_in_batch, weights)
         loss = parts.loss
+        denominator = num_items_in_batch if num_items_in_batch is not None else (
+            weights.sum() if weights is not None else (labels != IGNORE).sum())
+        denominator = torch.as_tensor(denominator, device=logits.device).clamp_min(1)
         if kl is not None:
-            denominator = num_items_in_batch if num_items_in_batch is not None else (
-                weights.sum() if weights is not None else (labels != IGNORE).sum())
-            loss = loss + self.kl_weight * kl / torch.as_tensor(denominator, device=kl.device).clamp_min(1)
+            loss = loss + self.kl_weight * kl / denominator
+        if self.head_mode == "only":  # the masked loss has no gradient here: the head's loss alone
+            loss = head.loss / denominator
+        elif head is not None:
+            loss = loss + self.head_weight * head.loss / denominator
         if not torch.isfinite(loss.detach()):
             last = ckpt.latest_checkpoint(self.args.output_dir)
             raise SBDError(f"the loss became {loss.item()} at step {self.state.global_step + 1}; stopped. "
                            f"Last good checkpoint: {last or 'none'} (try a lower learning rate)")
         if num_items_in_batch is not None and self.args.world_size > 1:
             loss = loss * self.args.world_size  # DDP averages gradients; the mean is over the global count
+        zero = parts.ntp_sum * 0
         stats = torch.stack([parts.ntp_sum, parts.ntp_count.to(parts.ntp_sum), parts.matp_sum,
                              parts.matp_count.to(parts.ntp_sum), num_tokens.to(parts.ntp_sum),
-                             (kl.detach() if kl is not None else parts.ntp_sum * 0)])
+                             (kl.detach() if kl is not None else zero),
+                             *((head.ce_sum, head.base_sum, head.count.to(zero)) if head is not None else (zero,) * 3)])
         self._stats = stats if self._stats is None else self._stats + stats
         return (loss, outputs) if return_outputs else loss
 
@@ -281,7 +310,7 @@ class SBDTrainer(Trainer):
             stats = self._stats
             if self.args.world_size > 1:
                 stats = self.accelerator.reduce(stats, reduction="sum")
-            ntp_sum, ntp_n, matp_sum, matp_n, tokens, kl = stats.tolist()
+            ntp_sum, ntp_n, matp_sum, matp_n, tokens, kl, head_sum, head_base, head_n = stats.tolist()
             self._stats = None
             now = time.perf_counter()
             if self.mode != "adapter":
@@ -290,6 +319,9 @@ class SBDTrainer(Trainer):
                 logs["matp_loss"] = matp_sum / max(matp_n, 1)
             if self.kl_weight:
                 logs["kl"] = kl / max(matp_n, 1)
+            if self.head_mode is not None:  # the head's loss and the masks' own on the same targets
+                logs["head_loss"] = head_sum / max(head_n, 1)
+                logs["head_base_loss"] = head_base / max(head_n, 1)
             logs["tokens_per_s"] = tokens / max(now - self._last_log, 1e-9)
             self._last_log = now
         super().log(logs, start_time)
@@ -323,7 +355,10 @@ class SBDTrainer(Trainer):
         if not self.args.should_save:
             return None
         output_dir = output_dir if output_dir is not None else self.args.output_dir
-        adapters.save(self.accelerator.unwrap_model(self.model), output_dir)
+        model = self.accelerator.unwrap_model(self.model)
+        adapters.save(model, output_dir)
+        if heads.head_of(model) is not None:
+            heads.save(model, output_dir)
         if self.processing_class is not None:
             self.processing_class.save_pretrained(output_dir)
         return None
@@ -332,8 +367,10 @@ class SBDTrainer(Trainer):
         """Adapter mode: the saved adapter into the attached one; else Trainer's load."""
         if self.mode != "adapter":
             return super()._load_from_checkpoint(resume_from_checkpoint, model)
-        adapters.load_weights(self.accelerator.unwrap_model(model if model is not None else self.model),
-                              resume_from_checkpoint)
+        model = self.accelerator.unwrap_model(model if model is not None else self.model)
+        adapters.load_weights(model, resume_from_checkpoint)
+        if heads.head_of(model) is not None:
+            heads.load_weights(model, resume_from_checkpoint)
         return None
 
     def _get_output_dir(self, trial):
@@ -362,6 +399,56 @@ class SBDTrainer(Trainer):
             ckpt.publish(run_dir, name)
             ckpt.rotate(run_dir, self.args.save_total_limit)
         self.accelerator.wait_for_everyone()
+
+
+def _check_head_options(model, mode, head_mode, weight, kl_weight, grad_layer) -> None:
+    """One-line SBDError for a sampler head setting that cannot work; "only" freezes the adapter."""
+    if head_mode not in HEAD_MODES:
+        raise SBDError(f"sampler_head must be None, 'joint' or 'only', got {head_mode!r}")
+    if head_mode is None:
+        return
+    if mode != "adapter":
+        raise SBDError("a sampler head trains with a drafting adapter (mode='adapter')")
+    head = heads.head_of(model)
+    if head is None:
+        raise SBDError("sampler_head needs a head on the model: attach one first (sbd.sampler_head.attach)")
+    if not (isinstance(weight, (int, float)) and math.isfinite(weight) and weight > 0):
+        raise SBDError(f"the sampler head's loss weight must be a positive number, got {weight!r}")
+    if head_mode == "only":
+        if kl_weight or grad_layer:
+            raise SBDError("the sampler head alone trains no adapter: kl_weight and grad_layer do not apply")
+        adapter_of(model).requires_grad_(False)
+    head.requires_grad_(True)
+
+
+@dataclass
+class HeadTerms:
+    loss: torch.Tensor      # Σ (weighted) cross-entropy of the head's logits, differentiable
+    ce_sum: torch.Tensor    # detached: Σ plain cross-entropy of the head
+    base_sum: torch.Tensor  # detached: Σ cross-entropy of the masks' own logits on the same targets
+    count: torch.Tensor
+
+
+def head_batch(model, out, labels, num_clean, previous):
+    """The sampler head in teacher forcing: (logits, targets, use). `use` (N,) marks the labelled noisy
+    positions (row-major, as `out.logits`) that have a previous place in their block; at those, logits
+    = lm_head(h + MLP([h; E(true previous token)])) and targets their labels."""
+    n = int(num_clean)
+    keep = labels[:, n:] != IGNORE
+    prev = previous.to(keep.device)[keep]                                 # (N,) row-major like the logits
+    use = prev >= 0
+    logits = heads.head_logits(model, heads.head_of(model), out.hidden[use], prev[use])
+    return logits, labels[:, n:][keep][use], use
+
+
+def _head_terms(model, out, labels, num_clean, previous, weights) -> HeadTerms:
+    """The sampler head's loss sums (`head_batch`), weighted like the masked loss when weights are given."""
+    logits, target, use = head_batch(model, out, labels, num_clean, previous)
+    ce = torch.nn.functional.cross_entropy(logits.float(), target, reduction="none")
+    total = (ce * weights.to(ce)[use]).sum() if weights is not None else ce.sum()
+    with torch.no_grad():
+        base = torch.nn.functional.cross_entropy(out.logits[use].float(), target, reduction="sum")
+    return HeadTerms(total, ce.detach().sum(), base, use.sum())
 
 
 class _StopCallback(TrainerCallback):

@@ -54,6 +54,7 @@ def main() -> None:
 
     import sbd
     from sbd import adapter as adapters
+    from sbd import sampler_head as heads
     from sbd.decoding.generate import encode_prompts
     from sbd.tasks.prompts import load_prompts
 
@@ -85,7 +86,9 @@ def main() -> None:
             folder = Path(spec)
             seen = sequences_seen(folder)
             adapters.load(model, folder)
-        point = {"adapter": spec, "sequences_seen": seen, "block_size": args.block_size, "n": args.n,
+            if heads.has_head(folder):  # its sampler head drafts with the masks
+                heads.load(model, folder)
+        point = {"adapter": spec, "sampler_head": heads.head_of(model) is not None, "sequences_seen": seen, "block_size": args.block_size, "n": args.n,
                  "max_new_tokens": args.max_new_tokens, "best": args.best, "date": time.strftime("%Y-%m-%d"),
                  "machine": f"{platform.machine()}, torch {torch.__version__}"}
         for name, ids in sets.items():
@@ -103,6 +106,7 @@ def main() -> None:
         print(json.dumps(point), flush=True)
         points.append(point)
         adapters.detach(model)
+        heads.detach(model)
     if args.append:
         path = Path(args.append)
         old = json.loads(path.read_text()) if path.is_file() else []

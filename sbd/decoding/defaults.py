@@ -1,0 +1,139 @@
+"""sbd-verify's defaults (SPEC §7 "Defaults"): the fastest exact greedy configuration measured for the
+loaded model, in one place. `sbd.generate`, `sbd generate`, `sbd serve` and the lm-eval model all ask
+`resolve` what a setting the user left out (None) means, so they never disagree.
+
+Where a model's measured configuration lives: a drafting adapter records it in its `adapter_config.json`
+(`"decoding": {...}`), a fully fine-tuned SBD model in its `config.json` (`"sbd_decoding": {...}`), each
+written from a benchmark whose command the model card gives. A model that records none gets `GENERAL`:
+whole-block drafts, the configuration measured best on the fully fine-tuned demo model.
+
+Which settings have a default: `draft` ("block" or "adaptive"), `lookup`, `lookup_max` and `tree`; a
+fully fine-tuned model may also record its `block_size` (an adapter's is the size it was trained for).
+Greedy only: with sampling (temperature > 0), or for methods other than sbd-verify, every left-out
+setting is the plain one (whole-block drafts, no lookup, a chain), which is what stays exact there.
+Every setting stays available to switch off: draft="block", lookup=False, tree="chain".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+from ..errors import SBDError
+from .rows import VerifyRow
+from .trees import check_shape
+
+CHAIN_WORDS = ("chain", "none", "off")  # what a user writes to turn tree drafts off
+DEFAULT_LOOKUP_MAX = VerifyRow.LOOKUP_MAX  # the longest prompt-lookup draft
+
+
+@dataclass(frozen=True)
+class VerifySettings:
+    """How sbd-verify drafts: whole blocks or adaptive lengths, prompt lookup and its longest draft, and
+    the tree's widths per depth (None: one chain)."""
+
+    draft: str = "block"
+    lookup: bool = False
+    lookup_max: int = DEFAULT_LOOKUP_MAX
+    tree: tuple[int, ...] | None = None
+
+    def describe(self) -> str:
+        """One line for tables and logs, e.g. "adaptive drafts, lookup ≤ 16, tree 3,2"."""
+        parts = [f"{self.draft} drafts"]
+        parts.append(f"lookup ≤ {self.lookup_max}" if self.lookup else "no lookup")
+        parts.append("tree " + ",".join(map(str, self.tree)) if self.tree else "chain")
+        return ", ".join(parts)
+
+    def as_dict(self) -> dict:
+        return {"draft": self.draft, "lookup": self.lookup, "lookup_max": self.lookup_max,
+                "tree": list(self.tree) if self.tree else None}
+
+
+GENERAL = VerifySettings()  # a model that records no measured configuration
+PLAIN = VerifySettings()  # sampling and the other methods: what stays exact there
+
+
+def tree_setting(tree) -> tuple[int, ...] | None | str:
+    """A user's `tree` → widths per depth, None for an explicit chain ("chain", "none", "off", (), []),
+    or "default" when left out (None). SBDError in one line for anything else."""
+    if tree is None:
+        return "default"
+    if isinstance(tree, str) and tree.strip().lower() in CHAIN_WORDS:
+        return None
+    if isinstance(tree, (list, tuple)) and len(tree) == 0:
+        return None
+    return check_shape(tree)
+
+
+def from_record(record, where: str) -> VerifySettings:
+    """The settings a model folder records (a dict of draft, lookup, lookup_max, tree); SBDError naming
+    `where` when the record is not one."""
+    if not isinstance(record, dict):
+        raise SBDError(f"{where}: the recorded decoding defaults are not a JSON object")
+    unknown = set(record) - {"draft", "lookup", "lookup_max", "tree", "block_size", "measured"}
+    if unknown:
+        raise SBDError(f"{where}: unknown decoding default(s) {', '.join(sorted(unknown))}")
+    draft = record.get("draft", GENERAL.draft)
+    lookup = record.get("lookup", GENERAL.lookup)
+    lookup_max = record.get("lookup_max", GENERAL.lookup_max)
+    if draft not in ("block", "adaptive"):
+        raise SBDError(f"{where}: the default draft is 'block' or 'adaptive', got {draft!r}")
+    if not isinstance(lookup, bool):
+        raise SBDError(f"{where}: the default lookup is true or false, got {lookup!r}")
+    if not isinstance(lookup_max, int) or isinstance(lookup_max, bool) or lookup_max < 1:
+        raise SBDError(f"{where}: the default lookup_max is an integer >= 1, got {lookup_max!r}")
+    try:
+        tree = tree_setting(record.get("tree") or "chain")
+    except SBDError as e:
+        raise SBDError(f"{where}: {e}") from None
+    return VerifySettings(draft=draft, lookup=lookup, lookup_max=lookup_max, tree=tree)
+
+
+def recorded_block_size(model) -> int | None:
+    """The block size a fully fine-tuned SBD model records as its measured best (`sbd_decoding` in its
+    config.json), if any; an adapter's trained block size comes first (`generate.default_block_size`)."""
+    record = getattr(getattr(model, "config", None), "sbd_decoding", None)
+    size = record.get("block_size") if isinstance(record, dict) else None
+    if size is None:
+        return None
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise SBDError(f"the model's config.json (sbd_decoding): block_size is an integer >= 1, got {size!r}")
+    return size
+
+
+def model_defaults(model) -> VerifySettings:
+    """The measured configuration `model` records: its drafting adapter's, else its config's, else
+    `GENERAL`."""
+    from ..adapter import adapter_of
+
+    adapter = adapter_of(model)
+    record = getattr(adapter.config, "decoding", None) if adapter is not None else None
+    if record:
+        return from_record(record, "the drafting adapter's adapter_config.json")
+    record = getattr(getattr(model, "config", None), "sbd_decoding", None)
+    if record:
+        return from_record(record, "the model's config.json (sbd_decoding)")
+    return GENERAL
+
+
+def resolve(model, *, method: str, temperature: float, draft: str | None = None, lookup: bool | None = None,
+            lookup_max: int | None = None, tree: Sequence[int] | str | None = None,
+            fixed_shapes: bool = False) -> VerifySettings:
+    """What sbd-verify runs with: each setting the caller gave, and for each left out (None) the model's
+    measured default where it is exact and fits the rest (greedy sbd-verify; no tree with draft "eb",
+    fixed shapes or compile; no lookup with draft "eb"), else the plain one. Values are checked by
+    the caller (`generate` refuses impossible combinations in one line)."""
+    greedy_verify = method == "sbd-verify" and not temperature > 0
+    base = model_defaults(model) if greedy_verify else PLAIN
+    chosen_draft = draft if draft is not None else base.draft
+    if chosen_draft == "eb":  # EB-revealed drafts take neither lookup nor trees
+        base = replace(base, lookup=False, tree=None)
+    if fixed_shapes:
+        base = replace(base, tree=None)
+    given_tree = tree_setting(tree)
+    return VerifySettings(
+        draft=chosen_draft,
+        lookup=base.lookup if lookup is None else lookup,
+        lookup_max=base.lookup_max if lookup_max is None else lookup_max,
+        tree=base.tree if given_tree == "default" else given_tree,
+    )

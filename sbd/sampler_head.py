@@ -1,0 +1,273 @@
+"""The sampler head: a small drafting module that lets the drafts of one block see each other.
+
+The masks of sbd-verify draft every block position independently: position i cannot know which token
+was drafted at i − 1, so a draft like "New York" vs "Los Angeles" can come out as "New Angeles". The
+sampler head (after Apple's "Your LLM Knows the Future", arXiv 2507.11851) corrects this cheaply: it
+nudges the masked hidden state h_i (the input of the output layer, after the final norm) by a small
+residual MLP of h_i and the embedding of the token at i − 1,
+
+    h'_i = h_i + W2 · silu(W1 · [h_i ; E(t_{i−1})]),      logits'_i = lm_head(h'_i),
+
+with E the model's own (frozen) input embedding and a low inner width. W2 starts at zero, so an
+untrained head changes nothing. It acts on drafts only, never on the next-token head, so sbd-verify's
+output stays the model's own.
+
+Decoding (greedy) rescores only the masks' top-K candidates per position, left to right: position i's
+previous token is the head's own pick at i − 1 (for the first draft position, the next-token head's
+token before it). `draft_table` computes, on the device and in one batch, the best candidate at every
+position for every possible previous candidate; the row walks that table on the host (`walk`), so the
+sequential choice costs no extra device round trip.
+
+Files: `sampler_head_config.json` + `sampler_head.safetensors`, in the drafting adapter's folder.
+The head hangs on the model as `model.sbd_sampler_head`; `enabled(model, False)` switches it off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .errors import SBDError
+
+CONFIG_NAME = "sampler_head_config.json"
+WEIGHTS_NAME = "sampler_head.safetensors"
+HEAD_TYPE = "SBD_SAMPLER_HEAD"
+DEFAULT_WIDTH = 256
+DEFAULT_TOP_K = 8
+
+
+@dataclass
+class SamplerHeadConfig:
+    """What a sampler head is: its inner width, the model size it was made for, and how many of the
+    masks' candidates decoding rescores per draft position."""
+
+    width: int = DEFAULT_WIDTH
+    hidden_size: int = 0
+    vocab_size: int = 0
+    top_k: int = DEFAULT_TOP_K
+    head_type: str = HEAD_TYPE
+
+    def __post_init__(self):
+        for name in ("width", "top_k"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise SBDError(f"sampler head {name} must be an integer >= 1, got {v!r}")
+
+
+class SamplerHead(nn.Module):
+    """h' = h + down(silu(up([h ; E(prev)]))); `down` starts at zero (an untrained head is the identity)."""
+
+    def __init__(self, config: SamplerHeadConfig, dtype=torch.float32, device=None):
+        super().__init__()
+        self.config = config
+        h, w = config.hidden_size, config.width
+        self.up = nn.Linear(2 * h, w, bias=True, dtype=dtype, device=device)
+        self.down = nn.Linear(w, h, bias=False, dtype=dtype, device=device)
+        nn.init.zeros_(self.down.weight)
+        self.enabled = True  # decoding uses it only while enabled (`enabled`)
+
+    def delta(self, hidden: torch.Tensor, prev_embedding: torch.Tensor) -> torch.Tensor:
+        """The correction added to `hidden` (…, H), given the previous token's embedding (…, H)."""
+        x = torch.cat([hidden, prev_embedding.to(hidden.dtype)], dim=-1)
+        return F.linear(F.silu(F.linear(x, self.up.weight, self.up.bias)), self.down.weight)
+
+
+def head_of(model) -> SamplerHead | None:
+    """The sampler head attached to `model`, if any (enabled or not)."""
+    return getattr(model, "sbd_sampler_head", None)
+
+
+def active_head(model) -> SamplerHead | None:
+    """The head decoding should use: attached and enabled."""
+    head = head_of(model)
+    return head if head is not None and head.enabled else None
+
+
+def attach(model, config: SamplerHeadConfig | None = None) -> SamplerHead:
+    """Attach a fresh (identity) head to `model` in place and return it; the model is not touched."""
+    if head_of(model) is not None:
+        raise SBDError("this model already has a sampler head attached")
+    config = config or SamplerHeadConfig()
+    emb = model.get_input_embeddings().weight
+    config.hidden_size, config.vocab_size = int(emb.shape[1]), int(emb.shape[0])
+    if model.get_output_embeddings() is None:
+        raise SBDError(f"{type(model).__name__} has no output layer; a sampler head needs one")
+    head = SamplerHead(config, dtype=emb.dtype, device=emb.device)
+    model.sbd_sampler_head = head  # a submodule: moves with .to(), its parameters reach the optimizer
+    return head
+
+
+def detach(model) -> None:
+    if head_of(model) is not None:
+        del model.sbd_sampler_head
+
+
+@contextlib.contextmanager
+def enabled(model, on: bool):
+    """Within the block, decoding uses the model's head only if `on` (a model without one is unaffected)."""
+    head = head_of(model)
+    if head is None:
+        yield
+        return
+    previous, head.enabled = head.enabled, bool(on)
+    try:
+        yield
+    finally:
+        head.enabled = previous
+
+
+# -- training ------------------------------------------------------------------------------------------
+def head_logits(model, head: SamplerHead, hidden: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+    """lm_head(h + delta(h, E(prev))): (N, V) logits of the head at N positions, hidden (N, H), prev (N,)."""
+    embedding = F.embedding(prev, model.get_input_embeddings().weight)  # the table itself: no adapter hook
+    return model.get_output_embeddings()(hidden + head.delta(hidden, embedding))
+
+
+@contextlib.contextmanager
+def capture_output_input(model):
+    """Within the block, `box[0]` receives what the model's output layer was last called with: the final
+    hidden states of the positions whose logits are computed (after the final norm)."""
+    box: list = [None]
+
+    def hook(module, args):
+        box[0] = args[0]
+
+    handle = model.get_output_embeddings().register_forward_pre_hook(hook)
+    try:
+        yield box
+    finally:
+        handle.remove()
+
+
+# -- decoding ------------------------------------------------------------------------------------------
+@dataclass
+class Drafting:
+    """What a verifying row needs to draft with the head: the head, the model (its tables) and the final
+    hidden states at the row's logit positions, aligned with its logits."""
+
+    head: SamplerHead
+    model: object
+    hidden: torch.Tensor  # (n_logits, H)
+
+    def table(self, logits: torch.Tensor, at: int, first: torch.Tensor) -> torch.Tensor:
+        """`draft_table` for the draft positions whose logits are `logits` (m, V), the row's logit
+        positions at, at + 1, …; `first`: the token before the first of them (a 0-d device tensor)."""
+        m = logits.shape[0]
+        return draft_table(self.head, self.model, self.hidden[at : at + m], logits, first)
+
+
+def draft_table(head: SamplerHead, model, hidden: torch.Tensor, logits: torch.Tensor,
+                first: torch.Tensor) -> torch.Tensor:
+    """Greedy head drafts for m positions, as a table the host walks (`walk`): (2·m·K,) values, first the
+    masks' top-K candidates (m, K) by their own logits, then best (m, K): best[i, j] is the rank of the
+    candidate the head picks at position i when position i − 1 holds candidate j (row 0: when it holds
+    `first`; all its columns are equal).
+
+    A candidate c scores logits[i, c] + delta_i · W_out[c], which is lm_head(h'_i)[c] for a linear
+    output layer: so a zero `down` keeps the masks' own order exactly."""
+    m, vocab = logits.shape
+    k = min(head.config.top_k, vocab)
+    cand = logits.topk(k, dim=-1).indices                                    # (m, K), best first
+    base = logits.gather(-1, cand).float()                                   # (m, K)
+    table = model.get_input_embeddings().weight
+    prev = torch.cat([first.reshape(1, 1).expand(1, k), cand[:-1]])          # (m, K) token before position i
+    h = hidden.to(head.up.weight.dtype)
+    w1h, w1e = head.up.weight[:, : h.shape[-1]], head.up.weight[:, h.shape[-1]:]
+    pre = F.linear(h, w1h, head.up.bias)[:, None] + F.linear(F.embedding(prev, table), w1e)  # (m, K, width)
+    delta = F.linear(F.silu(pre), head.down.weight)                          # (m, K, H) for each previous j
+    out_w = model.get_output_embeddings().weight[cand]                       # (m, K, H) candidate rows
+    scores = base[:, None, :] + torch.einsum("mjh,mch->mjc", delta.float(), out_w.float())  # (m, K_prev, K)
+    return torch.cat([cand.flatten(), scores.argmax(-1).flatten()])
+
+
+def walk(values, m: int) -> list[int]:
+    """The head's greedy chain from a `draft_table` read on the host (m positions)."""
+    if m == 0:
+        return []
+    k = len(values) // (2 * m)
+    cand, best = values[: m * k], values[m * k :]
+    j = int(best[0])
+    out = [int(cand[j])]
+    for i in range(1, m):
+        j = int(best[i * k + j])
+        out.append(int(cand[i * k + j]))
+    return out
+
+
+# -- files ---------------------------------------------------------------------------------------------
+def has_head(folder) -> bool:
+    return (Path(folder) / CONFIG_NAME).is_file()
+
+
+def save(model, folder, dtype: torch.dtype = torch.float32):
+    """Write `sampler_head_config.json` and `sampler_head.safetensors` into `folder`."""
+    from safetensors.torch import save_file
+
+    head = head_of(model)
+    if head is None:
+        raise SBDError("this model has no sampler head to save")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to(dtype).cpu().contiguous() for k, v in head.state_dict().items()}
+    save_file(tensors, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
+    (folder / CONFIG_NAME).write_text(json.dumps(asdict(head.config), indent=1))
+    return folder
+
+
+def read_config(folder) -> SamplerHeadConfig:
+    path = Path(folder) / CONFIG_NAME
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise SBDError(f"{path}: cannot read a sampler head config ({e})") from None
+    if not isinstance(raw, dict) or raw.get("head_type") != HEAD_TYPE:
+        raise SBDError(f"{path} does not describe an sbd sampler head")
+    known = set(SamplerHeadConfig.__dataclass_fields__)
+    return SamplerHeadConfig(**{k: v for k, v in raw.items() if k in known})
+
+
+def load_weights(model, folder) -> None:
+    """Copy the tensors saved in `folder` into the head already attached to `model` (same parameter
+    objects: how a training run resumes)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    head = head_of(model)
+    path = Path(folder) / WEIGHTS_NAME
+    if not path.is_file():
+        raise SBDError(f"{str(folder)!r} has {CONFIG_NAME} but no {WEIGHTS_NAME}")
+    try:
+        saved = load_file(str(path))
+    except (SafetensorError, OSError) as e:
+        raise SBDError(f"{path} is damaged or unreadable ({e})") from None
+    params = head.state_dict()
+    if set(saved) != set(params) or any(saved[k].shape != params[k].shape for k in params):
+        raise SBDError(f"{path} does not fit this model's sampler head (width {head.config.width}, hidden size "
+                       f"{head.config.hidden_size}): it was made for another model")
+    with torch.no_grad():
+        for name, p in head.named_parameters():
+            p.copy_(saved[name])
+
+
+def load(model, folder) -> SamplerHead:
+    """Attach the head saved in `folder` to `model` (in place) and return it."""
+    config = read_config(folder)
+    emb = model.get_input_embeddings().weight
+    if config.hidden_size != emb.shape[1] or config.vocab_size != emb.shape[0]:
+        raise SBDError(f"the sampler head in {str(folder)!r} was made for hidden size {config.hidden_size} and "
+                       f"{config.vocab_size} embeddings; this model has {emb.shape[1]} and {emb.shape[0]}")
+    head = attach(model, config)
+    try:
+        load_weights(model, folder)
+    except SBDError:
+        detach(model)
+        raise
+    return head
+
+
