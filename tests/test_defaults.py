@@ -197,3 +197,23 @@ def test_generate_reports_no_settings_for_other_methods():
     assert sbd.generate(model, None, [PROMPT], method="ntp", max_new_tokens=4).settings is None
     with pytest.raises(SBDError, match="lookup=True applies"):
         sbd.generate(model, None, [PROMPT], method="ntp", max_new_tokens=4, lookup=True)
+
+
+def test_a_full_model_may_record_its_block_size():
+    from sbd.decoding.generate import default_block_size
+
+    model = _model.__wrapped__("llama")
+    assert default_block_size(model) == 16  # nothing recorded
+    model.config.sbd_decoding = {"block_size": 4}
+    assert default_block_size(model) == 4
+    widths = []
+    sbd.generate(model, None, [PROMPT], method="sbd-verify", max_new_tokens=8, eos_token_ids=[],
+                 observer=lambda rec: widths.append(rec.input_ids.shape[1]))
+    assert max(widths[1:]) == 2 * 4  # head + 3 draft tokens + 4 masks: blocks of the recorded size
+    attach_random_adapter(model, seed=1)  # an adapter's trained size comes first
+    adapters.adapter_of(model).config.block_size = 6
+    assert default_block_size(model) == 6
+    adapters.detach(model)
+    model.config.sbd_decoding = {"block_size": 0}
+    with pytest.raises(SBDError, match="block_size is an integer >= 1"):
+        default_block_size(model)
