@@ -5,6 +5,9 @@ item 4): the newest adapter and its AdamW moments, small enough to commit (bfloa
         --record '{"sequences_seen": 3272, ...}'      (writes benchmarks/smollm2/data/campaign/state/)
     python benchmarks/smollm2/campaign/state.py restore runs/campaign/start   (an adapter folder again)
 
+A sampler head trained over the adapter (`sbd train --sampler-head-only`) is kept beside it as its own
+files (HEAD_FILES: copied in by hand from the head run's checkpoint, with its record) and restored too.
+
 The next session warm-starts from the restored folder: `sbd train --adapter lora --model runs/campaign/start ...`.
 The moments are kept so that a later optimizer-aware warm start can use them; `sbd train` does not read
 them yet (a warm start begins a fresh AdamW with its own warm-up).
@@ -21,6 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 STATE = Path(__file__).resolve().parents[1] / "data" / "campaign" / "state"
+HEAD_FILES = ("sampler_head_config.json", "sampler_head.safetensors", "sampler_head_state.json")
 
 
 def save(checkpoint: Path, record: dict) -> None:
@@ -42,6 +46,9 @@ def restore(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name in ("adapter_config.json", "adapter_model.safetensors", "state.json"):
         shutil.copy(STATE / name, out / name)
+    for name in HEAD_FILES:  # the sampler head trained over this adapter, when there is one
+        if (STATE / name).is_file():
+            shutil.copy(STATE / name, out / name)
     print(f"restored the campaign's adapter to {out} (sequences seen: "
           f"{json.loads((STATE / 'state.json').read_text())['sequences_seen']})")
 
