@@ -254,20 +254,26 @@ def read_config(folder) -> AdapterConfig:
     return AdapterConfig(**{k: v for k, v in raw.items() if k in known})
 
 
-def load_weights(model, folder) -> None:
-    """Copy the tensors saved in `folder` into the adapter already attached to `model` (same parameter
-    objects, so an optimizer that holds them keeps working: this is how a training run resumes)."""
+def read_tensors(path: Path, missing: str) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file of a drafter's folder; SBDError `missing` when it is absent, one
+    line when it is damaged (shared by the adapter and the sampler head)."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
+    if not path.is_file():
+        raise SBDError(missing)
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as e:
+        raise SBDError(f"{path} is damaged or unreadable ({e})") from None
+
+
+def load_weights(model, folder) -> None:
+    """Copy the tensors saved in `folder` into the adapter already attached to `model` (same parameter
+    objects, so an optimizer that holds them keeps working: this is how a training run resumes)."""
     adapter = adapter_of(model)
     weights = Path(folder) / WEIGHTS_NAME
-    if not weights.is_file():
-        raise SBDError(f"{str(folder)!r} has no {WEIGHTS_NAME}")
-    try:
-        tensors = load_file(str(weights))
-    except (SafetensorError, OSError) as e:
-        raise SBDError(f"{weights} is damaged or unreadable ({e})") from None
+    tensors = read_tensors(weights, f"{str(folder)!r} has no {WEIGHTS_NAME}")
     pairs = []
     for name in adapter.names:
         for part, store in (("lora_A", adapter.lora_A), ("lora_B", adapter.lora_B)):

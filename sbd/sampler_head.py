@@ -235,17 +235,11 @@ def read_config(folder) -> SamplerHeadConfig:
 def load_weights(model, folder) -> None:
     """Copy the tensors saved in `folder` into the head already attached to `model` (same parameter
     objects: how a training run resumes)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from .adapter import read_tensors
 
     head = head_of(model)
     path = Path(folder) / WEIGHTS_NAME
-    if not path.is_file():
-        raise SBDError(f"{str(folder)!r} has {CONFIG_NAME} but no {WEIGHTS_NAME}")
-    try:
-        saved = load_file(str(path))
-    except (SafetensorError, OSError) as e:
-        raise SBDError(f"{path} is damaged or unreadable ({e})") from None
+    saved = read_tensors(path, f"{str(folder)!r} has {CONFIG_NAME} but no {WEIGHTS_NAME}")
     params = head.state_dict()
     if set(saved) != set(params) or any(saved[k].shape != params[k].shape for k in params):
         raise SBDError(f"{path} does not fit this model's sampler head (width {head.config.width}, hidden size "
