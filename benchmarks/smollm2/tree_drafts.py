@@ -8,7 +8,7 @@ prompt by prompt; every output checked against the model's own greedy tokens.
 
 A configuration is `;`-separated, with `+`-joined settings: chain, tree=W1,W2,…, lookup, adaptive,
 block=K, reuse (after a refused draft, draft from its later places rather than afresh; noreuse: the
-default), e.g.
+default), nohead (the adapter's sampler head left off, when the adapter has one), e.g.
 "tree=3,2+lookup+adaptive"; what a configuration does not name is off (whole blocks, no lookup, a
 chain). "defaults" alone: the settings the model records as its defaults (sbd.decoding.defaults).
 """
@@ -26,8 +26,8 @@ import torch
 
 def parse(config: str, block: int) -> dict:
     """`generate` keyword arguments of one configuration string."""
-    if config == "defaults":  # the settings the model records (sbd.decoding.defaults), at its own block size
-        return {"method": "sbd-verify"}
+    if config in ("defaults", "defaults+nohead"):  # what the model records (sbd.decoding.defaults), its block size
+        return {"method": "sbd-verify", **({"sampler_head": False} if config.endswith("nohead") else {})}
     # every setting explicit: the model's recorded defaults must not leak into a named configuration
     kw = {"method": "sbd-verify", "block_size": block, "draft": "block", "lookup": False, "tree": "chain"}
     for part in config.split("+"):
@@ -45,6 +45,8 @@ def parse(config: str, block: int) -> dict:
             kw["reuse_leftover"] = False
         elif part.startswith("block="):
             kw["block_size"] = int(part[6:])
+        elif part == "nohead":  # the masks' drafts without the sampler head's rescoring
+            kw["sampler_head"] = False
         else:
             raise SystemExit(f"unknown setting {part!r} in {config!r}")
     return kw
@@ -67,6 +69,7 @@ def main() -> None:
     import sbd
     from sbd.decoding.generate import encode_prompts
     from sbd.decoding.rows import VerifyRow
+    from sbd.sampler_head import enabled
     from sbd.tasks.prompts import load_prompts
 
     model, tok = sbd.load(args.model)
@@ -95,9 +98,10 @@ def main() -> None:
         for c in configs:
             kw = parse(c, args.block_size)
             VerifyRow.REUSE_LEFTOVER = kw.pop("reuse_leftover", False)
-            t0 = time.perf_counter()
-            r = sbd.generate(model, tok, [p], max_new_tokens=args.max_new_tokens, **kw)
-            dt = time.perf_counter() - t0
+            with enabled(model, kw.pop("sampler_head", True)):
+                t0 = time.perf_counter()
+                r = sbd.generate(model, tok, [p], max_new_tokens=args.max_new_tokens, **kw)
+                dt = time.perf_counter() - t0
             VerifyRow.REUSE_LEFTOVER = False
             s = stats[c]
             s["nfe"] += r.nfe[0]
@@ -106,7 +110,7 @@ def main() -> None:
             s["t"].append(dt)
         print(f"prompt {i + 1}/{len(ids)} done", flush=True)
 
-    head = (f"sbd-verify drafts on {args.model} (shipped adapter), {len(ids)} prompts of {Path(args.prompts).name}, "
+    head = (f"sbd-verify drafts on {args.model}, {len(ids)} prompts of {Path(args.prompts).name}, "
             f"greedy, batch 1, chat template, at most {args.max_new_tokens} new tokens, block {args.block_size}; "
             f"{platform.machine()} {args.threads} threads, torch {torch.__version__}; configurations interleaved "
             "prompt by prompt; time = summed wall time over the prompts.")

@@ -20,6 +20,7 @@ def run_smollm2_demo(n: int = 2, gamma: float = 0.35, block_size: int | None = N
     from ..decoding.defaults import resolve
     from ..decoding.generate import default_eos_ids, encode_prompts
     from ..models.loading import load
+    from ..sampler_head import head_of
     from ..tasks.prompts import load_prompts
 
     t0 = time.perf_counter()
@@ -69,11 +70,13 @@ def run_smollm2_demo(n: int = 2, gamma: float = 0.35, block_size: int | None = N
                          "median_seconds": statistics.median(s for _, _, s in runs)}
         rows.append((name, f"{same}/{len(ids)}", f"{tokens / nfe:.2f}" if nfe else "–", f"{tokens / seconds:.1f}",
                      f"{base_s / seconds:.2f}x"))
-    print(f"SmolLM2-135M-Instruct + shipped drafting adapter (block {k}), {len(ids)} held-out gsm_symbolic "
+    print(f"SmolLM2-135M-Instruct + shipped drafting adapter{' and sampler head' if head_of(model) else ''} "
+          f"(block {k}), {len(ids)} held-out gsm_symbolic "
           f"questions through the chat template, greedy, batch 1, CPU fp32; loaded in {loaded:.0f} s\n")
     print_table(["", "same tokens as HF greedy", "tokens per forward", "tokens/s", "vs HF greedy"], rows)
     print("\nsbd-verify gives the original model's own answers (its next-token head checks every draft). Its "
-          "defaults are the fastest exact settings measured for this adapter: drafts from prompt lookup where the "
-          "text repeats, else a small tree of the masks' candidates, as long as pays on this machine. Plain SBD "
+          "defaults are the fastest exact settings measured for this adapter (named in its row): drafts from prompt "
+          "lookup where the text repeats, else from the masks (re-ranked by the sampler head, so each guess fits "
+          "the one before it), as long as pays on this machine. Plain SBD "
           "lets the EB rule decide, so its answers may differ. Prompt-lookup's forwards are not counted here.")
     return results

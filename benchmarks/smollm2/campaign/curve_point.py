@@ -61,8 +61,8 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tree_drafts import parse  # the configuration syntax, in one place
 
-    model, tok = sbd.load("smollm2")
-    shipped = {k: v.clone() for k, v in adapters.adapter_of(model).state_dict().items()}
+    model, tok = sbd.load("smollm2", sampler_head=False)  # the shipped head is loaded below, with its adapter
+    shipped_folder = Path(sbd.__file__).parent / "adapters/smollm2"
     sets = {Path(s).stem.replace("heldout_", ""): encode_prompts(tok, load_prompts(s)[: args.n], chat=True)
             for s in args.sets.split(",")}
     refs = {}
@@ -78,16 +78,13 @@ def main() -> None:
     points = []
     for spec in args.adapters:
         if spec == "smollm2":
-            folder, seen = None, json.loads((Path(sbd.__file__).parent / "adapters/smollm2/training_record.json")
-                                            .read_text())["sequences_seen"]
-            adapters.attach(model, adapters.read_config(Path(sbd.__file__).parent / "adapters/smollm2"))
-            adapters.adapter_of(model).load_state_dict(shipped)
+            folder, seen = shipped_folder, json.loads((shipped_folder / "training_record.json").read_text())["sequences_seen"]
         else:
             folder = Path(spec)
             seen = sequences_seen(folder)
-            adapters.load(model, folder)
-            if heads.has_head(folder):  # its sampler head drafts with the masks
-                heads.load(model, folder)
+        adapters.load(model, folder)
+        if heads.has_head(folder):  # its sampler head drafts with the masks
+            heads.load(model, folder)
         point = {"adapter": spec, "sampler_head": heads.head_of(model) is not None, "sequences_seen": seen, "block_size": args.block_size, "n": args.n,
                  "max_new_tokens": args.max_new_tokens, "best": args.best, "date": time.strftime("%Y-%m-%d"),
                  "machine": f"{platform.machine()}, torch {torch.__version__}"}
