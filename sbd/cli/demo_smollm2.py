@@ -70,7 +70,7 @@ def run_smollm2_demo(n: int = 2, gamma: float = 0.35, block_size: int | None = N
                          "median_seconds": statistics.median(s for _, _, s in runs)}
         rows.append((name, f"{same}/{len(ids)}", f"{tokens / nfe:.2f}" if nfe else "–", f"{tokens / seconds:.1f}",
                      f"{base_s / seconds:.2f}x"))
-    print(f"SmolLM2-135M-Instruct + shipped drafting adapter{' and sampler head' if head_of(model) else ''} "
+    print(f"SmolLM2-135M-Instruct + shipped drafting adapter{' and sampler head' if head_of(model) is not None else ''} "
           f"(block {k}), {len(ids)} held-out gsm_symbolic "
           f"questions through the chat template, greedy, batch 1, CPU fp32; loaded in {loaded:.0f} s\n")
     print_table(["", "same tokens as HF greedy", "tokens per forward", "tokens/s", "vs HF greedy"], rows)

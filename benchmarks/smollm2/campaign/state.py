@@ -64,10 +64,9 @@ def restore(out: Path) -> None:
         shutil.copy(STATE / name, out / name)
     shutil.copy(home / "adapter_model.safetensors", out / "adapter_model.safetensors")
     for name in HEAD_FILES:  # the sampler head trained over this adapter, when there is one
-        for where in (STATE, home):
-            if (where / name).is_file():
-                shutil.copy(where / name, out / name)
-                break
+        src = STATE / name if (STATE / name).is_file() else home / name
+        if src.is_file():
+            shutil.copy(src, out / name)
     print(f"restored the campaign's adapter to {out} (sequences seen: "
           f"{json.loads((STATE / 'state.json').read_text())['sequences_seen']})")
 
