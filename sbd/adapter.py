@@ -107,19 +107,25 @@ def _linear_hook(adapter: DraftingAdapter, name: str):
 
     def hook(module, args, output):
         s = adapter.start
+        if s is None:
+            return output
         if isinstance(s, torch.Tensor):  # one start per row
             return output + adapter.delta(name, args[0]) * _row_gate(s, output)
-        if s is None or s >= output.shape[-2]:
+        if s >= output.shape[-2]:
             return output
         x = args[0]
-        if not torch.is_grad_enabled() and output.dim() == 3 and x.dtype == output.dtype:
-            # decoding: one fused multiply-add into the block's rows, no copy of the whole output
-            # (a third of the cost of the two products, the scaling and the addition one by one)
-            a, b = adapter.lora_A[key], adapter.lora_B[key]
-            if a.dtype == x.dtype:
-                block = output[:, s:, :]
-                block.baddbmm_(x[:, s:, :] @ a.t(), b.t().expand(output.shape[0], -1, -1), alpha=adapter.scaling)
+        a, b = adapter.lora_A[key], adapter.lora_B[key]  # looked up each time: wrappers may replace them
+        if not torch.is_grad_enabled() and output.dim() == 3 and x.dtype == output.dtype == a.dtype:
+            # decoding: one fused multiply-add into the block's rows, no copy of the whole output.
+            # A hook runs on every targeted layer of every forward (210 on SmolLM2), so its few small
+            # products cost more in dispatch than in arithmetic: one row of a batch is one 2-D addmm.
+            if output.shape[0] == 1 and output.is_contiguous() and x.is_contiguous():
+                rows = output.view(-1, output.shape[-1])[s:]
+                rows.addmm_(torch.mm(x.view(-1, x.shape[-1])[s:], a.t()), b.t(), alpha=adapter.scaling)
                 return output
+            block = output[:, s:, :]
+            block.baddbmm_(x[:, s:, :] @ a.t(), b.t().expand(output.shape[0], -1, -1), alpha=adapter.scaling)
+            return output
         if s == 0:
             return output + adapter.delta(name, x)
         delta = adapter.delta(name, x[..., s:, :])

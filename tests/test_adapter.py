@@ -126,6 +126,31 @@ def test_two_pass_training_forward_equals_the_doubled_forward(arch, tokenizer):
     assert any(g.abs().max() > 0 for g in fast)  # the test can fail: the gradients are not all zero
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("start", [0, 3, "per-row"])
+def test_decoding_fast_paths_compute_the_training_paths_update(llama, rows, start):
+    """Decoding adds the update in place (one 2-D product for a single row, a batched one for several);
+    training adds it out of place under autograd. Both must give the same logits, and the causal part
+    must stay the frozen model's."""
+    ad = attach_random_adapter(llama, scale=0.1)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, llama.config.vocab_size, (rows, 9), generator=g)
+    s = torch.tensor([2, 5, 0][:rows]) if start == "per-row" else start
+    try:
+        with torch.inference_mode(), adapters.gated(llama, s):
+            fast = llama(input_ids=ids).logits
+        with torch.enable_grad(), adapters.gated(llama, s):
+            slow = llama(input_ids=ids).logits.detach()
+        plain = llama(input_ids=ids).logits.detach()
+    finally:
+        adapters.detach(llama)
+    assert (fast - slow).abs().max() <= 1e-5 * slow.abs().max()
+    first = int(s.min()) if isinstance(s, torch.Tensor) else s
+    if first:
+        assert torch.equal(fast[:, :first], plain[:, :first])  # the gate: causal positions untouched
+    assert (fast[:, -1] - plain[:, -1]).abs().max() > 1e-3  # the update acts: the test can fail
+
+
 def test_save_load_round_trip_in_peft_layout(llama, tmp_path):
     attach_random_adapter(llama)
     prompts = random_prompts(3, llama.config.vocab_size)

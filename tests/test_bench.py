@@ -91,6 +91,28 @@ def test_time_forwards_refuses_shapes_beyond_the_context():
         time_forwards(model, [Shape(1, 16, 510)], repeats=1)
 
 
+def test_time_forwards_times_a_drafting_adapter_on_the_block_as_decoding_runs_it():
+    """The eq.-16 limit of an adapter model must include the adapter's cost: each timed forward gates the
+    positions after its committed tokens, as the decoding loops do, and no other forward."""
+    from conftest import _model, attach_random_adapter
+    from sbd import adapter as adapters
+
+    model = _model("llama")
+    ad = attach_random_adapter(model)
+    seen = []
+    hook = model.register_forward_pre_hook(lambda module, args: seen.append((ad.start,)))
+    try:
+        shapes = [Shape(1, 1, 8), Shape(1, 6, 8, 2), Shape(1, 4, 8), Shape(1, 3, 8, 3)]
+        time_forwards(model, shapes, repeats=1, warmup=0)
+    finally:
+        hook.remove()
+        adapters.detach(model)
+    # the prefill runs ungated; then one round of the four shapes: NTP step off, verify gated after its 2
+    # committed tokens, a block of masks gated from 0, a forward without masks off
+    assert seen[-4:] == [(None,), (2,), (0,), (None,)]
+    assert ad.start is None
+
+
 def test_command_line(tmp_path, capsys):
     from sbd.models import tiny
 

@@ -2,8 +2,9 @@
 
 SBD saves forwards; it saves time only if a w-token forward costs little more than a 1-token forward.
 `time_forwards` measures exactly the model calls the decoding loops make (our KV cache, our masks,
-`logits_to_keep`), with the shapes interleaved round by round so that machine noise hits every shape
-alike, after warm-up, and returns medians. `forward_cost_table` lays them out as time(w)/time(1) per
+`logits_to_keep`, a drafting adapter switched on for the block as decoding does), with the shapes
+interleaved round by round so that machine noise hits every shape alike, after warm-up, and returns
+medians. `forward_cost_table` lays them out as time(w)/time(1) per
 batch size and cached length (the measured counterpart of the paper's roofline tables).
 """
 
@@ -16,6 +17,7 @@ from typing import Iterable
 
 import torch
 
+from ..adapter import gated
 from ..decoding.cache import crop, slab_cache
 from ..decoding.generate import context_limit
 from ..errors import SBDError
@@ -98,7 +100,8 @@ def time_forwards(model, shapes: Iterable[Shape], repeats: int = 10, warmup: int
                 for s, kw in calls:
                     _sync(device)
                     start = time.perf_counter()
-                    model(**kw)
+                    with gated(model, s.commit if s.commit < s.width else None):  # a drafting adapter's cost
+                        model(**kw)
                     _sync(device)
                     if round_ >= warmup:
                         times[s].append(time.perf_counter() - start)
