@@ -7,7 +7,7 @@ prompt by prompt; every output checked against the model's own greedy tokens.
         --configs "chain;tree=2;tree=3,2;tree=3,2,1;tree=4,2,2,1" --out FILE.md
 
 A configuration is `;`-separated, with `+`-joined settings: chain, tree=W1,W2,…, lookup, adaptive,
-block=K, reuse (after a refused draft, draft from its later places rather than afresh; noreuse: the
+block=K, lookup_max=N (the longest lookup draft), reuse (after a refused draft, draft from its later places rather than afresh; noreuse: the
 default), nohead (the adapter's sampler head left off, when the adapter has one), e.g.
 "tree=3,2+lookup+adaptive"; what a configuration does not name is off (whole blocks, no lookup, a
 chain). "defaults" alone: the settings the model records as its defaults (sbd.decoding.defaults).
@@ -43,6 +43,8 @@ def parse(config: str, block: int) -> dict:
             kw["reuse_leftover"] = True
         elif part == "noreuse":  # after a refusal, draft afresh (the default)
             kw["reuse_leftover"] = False
+        elif part.startswith("lookup_max="):  # the longest lookup draft
+            kw["lookup_max"] = int(part[11:])
         elif part.startswith("block="):
             kw["block_size"] = int(part[6:])
         elif part == "nohead":  # the masks' drafts without the sampler head's rescoring

@@ -21,7 +21,11 @@ from transformers import DynamicCache
 from ..adapter import gated
 from ..models.narrow_linear import uses_narrow_linear
 
-WIDTHS = (1, 2, 3, 4, 6, 9, 17, 33)  # the widths timed; a verify step with draft d is 2d + 2 wide
+# The widths timed; a verify step with draft d is 2d + 2 wide. Both sides of every multiple of 8: narrow
+# linear layers pad a forward's columns to a multiple of 8 beyond 8 (`sbd.models.narrow_linear`), so
+# on SmolLM2 a 17-wide forward costs 1.2x a 16-wide one, a step a line through 9 and 17 cannot see
+# (benchmarks/smollm2/results/adapter_forward_cost.md).
+WIDTHS = (1, 2, 3, 4, 6, 8, 9, 16, 17, 24, 25, 33)
 _MEASURED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
