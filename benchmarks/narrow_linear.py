@@ -2,7 +2,8 @@
 
 For each width w (tokens in the forward), the linear layers of a model's shape are applied to w rows,
 as torch's `F.linear(x, W)` (x·Wᵀ) and as `sbd.models.narrow_linear.narrow_linear` (W·xᵀ, columns
-padded to a multiple of 8). One weight matrix per layer, as in the model, so that they stream from
+padded to a multiple of 8 beyond 8; one column padded to two, so that w = 1 is a matrix product, not
+torch's matrix-vector one). One weight matrix per layer, as in the model, so that they stream from
 memory as a forward's do rather than sitting in cache. Forms and widths are interleaved round by
 round; medians; every time relative to F.linear at w = 1 (the cost of a plain decoding step).
 

@@ -167,8 +167,8 @@ def test_bench_random_prompts_without_tokenizer():
 
 
 def test_narrow_linear_both_gives_an_ab_row_pair_and_leaves_the_model_as_it_was():
-    """`--narrow-linear both`: each method with wide forwards twice (F.linear, narrow), HF greedy and our
-    NTP loop once; both rows give the same tokens; the model's layers are restored after every call."""
+    """`--narrow-linear both`: every method twice (F.linear, narrow) but our NTP loop (once, as loaded);
+    both rows give the same tokens; the model's layers are restored after every call."""
     from conftest import _model, random_prompts
 
     from sbd.models.narrow_linear import uses_narrow_linear
@@ -176,9 +176,10 @@ def test_narrow_linear_both_gives_an_ab_row_pair_and_leaves_the_model_as_it_was(
     model = _model("llama")
     methods = parse_methods("hf,prompt-lookup,sbd-verify", [], 4, assistant=False, narrow=[False, True])
     names = [m.name for m in methods]
-    assert names.count("HF greedy generate") == 1 and names.count("sbd NTP loop") == 1
+    assert names.count("sbd NTP loop") == 1 and names[0] == "HF greedy generate, F.linear"  # the reference
+    assert "HF greedy generate, narrow linear" in names
     assert "SBD-verify, block 4, F.linear" in names and "SBD-verify, block 4, narrow linear" in names
-    assert "HF prompt-lookup (10), narrow linear" in names and len(names) == len(set(names)) == 6
+    assert "HF prompt-lookup (10), narrow linear" in names and len(names) == len(set(names)) == 7
     res = bench(model, None, random_prompts(2, model.config.vocab_size, lengths=(6, 9)), methods, repeats=1,
                 max_new_tokens=16, limit_repeats=1, progress=False)
     rows = {r.method: r for r in res.rows}
@@ -186,3 +187,47 @@ def test_narrow_linear_both_gives_an_ab_row_pair_and_leaves_the_model_as_it_was(
     assert rows["SBD-verify, block 4, F.linear"].nfe == rows["SBD-verify, block 4, narrow linear"].nfe
     assert rows["SBD-verify, block 4, narrow linear"].limit_seconds is not None
     assert not uses_narrow_linear(model) and res.meta["narrow_linear_as_loaded"] is False
+
+
+def test_hugging_face_rows_run_stock_linear_layers_unless_asked(monkeypatch):
+    """Left as loaded, Hugging Face's rows decode through torch's own linear layers (stock transformers, the
+    baseline a user has without sbd) while ours keep the narrow layers sbd.load gave them; a narrow row
+    of HF's exists only when asked for (`narrow=[True]`)."""
+    from conftest import _model, random_prompts
+
+    import importlib
+
+    bench_module = importlib.import_module("sbd.benchmarking.bench")  # the module (the package exports the function)
+    from sbd.models.narrow_linear import use_narrow_linear, uses_narrow_linear
+
+    model = _model("llama")
+    use_narrow_linear(model)
+    seen = []
+    decode = bench_module._decode
+    monkeypatch.setattr(bench_module, "_decode", lambda m, model, *a: seen.append((m.name, uses_narrow_linear(model)))
+                        or decode(m, model, *a))
+    prompts = random_prompts(2, model.config.vocab_size, lengths=(6, 9))
+    bench(model, None, prompts, parse_methods("hf,prompt-lookup,sbd-verify", [], 4, assistant=False), repeats=1,
+          max_new_tokens=8, limit_repeats=1, progress=False)
+    as_run = dict(seen)
+    assert as_run == {"HF greedy generate": False, "HF prompt-lookup (10)": False, "sbd NTP loop": True,
+                      "SBD-verify, block 4": True}
+    seen.clear()
+    bench(model, None, prompts, parse_methods("hf", [], 4, assistant=False, narrow=[True]), repeats=1,
+          max_new_tokens=8, limit_repeats=1, progress=False)
+    assert dict(seen)["HF greedy generate, narrow linear"] is True
+    assert uses_narrow_linear(model)
+
+
+def test_a_method_pinned_to_linear_layers_gets_one_row_on_them():
+    """`prompt-lookup@narrow` beside `prompt-lookup`: the stock row and one on sbd's narrow layers, whatever
+    --narrow-linear says; a bad pin or a pinned NTP loop is refused in one line."""
+    methods = parse_methods("hf,prompt-lookup,prompt-lookup@narrow,sbd-verify@flinear", [], 4, assistant=False)
+    assert [(m.name, m.narrow) for m in methods] == [
+        ("HF greedy generate", None), ("HF prompt-lookup (10)", None), ("HF prompt-lookup (10), narrow linear", True),
+        ("SBD-verify, block 4, F.linear", False), ("sbd NTP loop", None)]
+    both = parse_methods("prompt-lookup@narrow,sbd-verify", [], 4, assistant=False, narrow=[False, True])
+    assert [m.name for m in both].count("HF prompt-lookup (10), narrow linear") == 1  # not doubled
+    for bad in ("ntp@narrow", "hf@fast", "nothing@narrow"):
+        with pytest.raises(SBDError):
+            parse_methods(bad, [], 4, assistant=False)

@@ -142,6 +142,48 @@ def test_a_forward_after_a_maskless_one_yields_a_token_when_lookup_then_finds_no
     assert sorted(set(out.steps[0])) == list(range(1, out.nfe[0] + 1))  # every forward yields a token
 
 
+# -- adaptive drafting: lookup drafts as long as lookup's own record says pays --------------------------
+def test_best_lookup_length_follows_lookups_record_and_the_cost_of_width():
+    from sbd.decoding.rows import best_lookup_length
+
+    linear = lambda slope: (lambda w: 1.0 + slope * (w - 1))  # noqa: E731
+    assert best_lookup_length(0.95, linear(0.0), 16) == 16  # free width: the whole continuation
+    assert best_lookup_length(0.2, linear(0.3), 16) == 1  # mostly refused, dear width: one token
+    assert best_lookup_length(0.0, linear(1.0), 16) == 1  # never less than one: the record must grow
+    lengths = [best_lookup_length(a, linear(0.1), 16) for a in (0.3, 0.5, 0.7, 0.9, 0.99)]
+    assert lengths == sorted(lengths) and lengths[0] < lengths[-1]
+    assert best_lookup_length(0.9, linear(0.3), 16) < best_lookup_length(0.9, linear(0.02), 16)
+    assert best_lookup_length(0.99, linear(0.0), 3) == 3  # never beyond what lookup found
+
+
+def test_adaptive_lookup_drafts_grow_with_lookups_record_and_the_masks_keep_their_own(monkeypatch):
+    """The masks are always wrong; lookup is right while the output cycles (up to position 40), then
+    finds nothing. Lookup's drafts start short (its record starts at the prior) and lengthen as they
+    stand; after the cycle, the masks draft by their own record (every mask draft refused: the narrowest
+    draft or none), not lookup's (which would have them feed 4-6 masks per forward)."""
+    import importlib
+
+    g = importlib.import_module("sbd.decoding.generate")
+    monkeypatch.setattr(g, "forward_costs", lambda m, batch=1: (lambda w: 1.0 + 0.1 * (w - 1)))
+    ntp = lambda p: _cycle(p) if p < 40 else 8 + (p - 40)  # noqa: E731  (tokens 8..30: never seen before)
+    model = TwoHeadLM(ntp, lambda p: 20)
+    masks, lookup_widths = [], []
+
+    def observer(rec):
+        fed = rec.input_ids[0, -rec.reals[0]:]
+        masks.append(int((fed == MASK).sum()))
+        if masks[-1] == 0 and rec.reals[0] > 1 and len(masks) > 1:  # a forward verifying a lookup draft
+            lookup_widths.append(int(rec.reals[0]))
+
+    out = sbd.generate(model, None, [[5, 6, 7]], method="sbd-verify", block_size=8, draft="adaptive", lookup=True,
+                       lookup_max=16, max_new_tokens=58, eos_token_ids=[], observer=observer)
+    assert out.token_ids[0] == [ntp(p) for p in range(3, 61)]
+    grown = lookup_widths[lookup_widths.index(2):]  # from the first one-token lookup draft on
+    assert grown[:6] == sorted(grown[:6]) and max(grown) >= 9 and grown[0] == 2
+    after = [m for m, st in zip(masks[1:], range(1, len(masks))) if st > max(out.steps[0][:40])]
+    assert after and max(after) <= 2
+
+
 # -- cache room and width --------------------------------------------------------------------------------
 def test_cache_room_covers_the_longest_lookup_draft():
     row = lambda **kw: VerifyRow([5, 6], mask_id=MASK, max_new=8, **kw)  # noqa: E731
@@ -184,7 +226,8 @@ def test_long_lookup_drafts_give_hugging_face_greedy_alone_and_batched(arch, wit
             kw = dict(method="sbd-verify", block_size=block, max_new_tokens=n, lookup=True, **kw)
             batch = sbd.generate(model, None, prompts, **kw)
             assert batch.token_ids == refs, kw
-            assert max(a for row in batch.accepted for a in row) > block - 1, kw  # longer than the block
+            if kw.get("draft") != "adaptive":  # adaptive: as long as lookup's record says pays (below)
+                assert max(a for row in batch.accepted for a in row) > block - 1, kw  # longer than the block
             assert sum(batch.lookup_accepted) > 0
             for i, p in enumerate(prompts):
                 alone = sbd.generate(model, None, [p], **kw)

@@ -49,19 +49,24 @@ def test_narrow_product_equals_f_linear_at_every_width(bias):
 
 def test_narrow_path_only_where_it_is_meant(monkeypatch):
     lin = _linear()
-    use_narrow_linear(lin, widest=narrow.WIDEST)
+    use_narrow_linear(lin, widest=narrow.WIDEST, single=False)
     calls = []
     monkeypatch.setattr(narrow, "narrow_linear", lambda *a: calls.append(a[0].shape) or torch.nn.functional.linear(*a))
     with torch.no_grad():
-        lin(torch.randn(1, 1, 48))  # one token: the matrix-vector product as it was
+        lin(torch.randn(1, 1, 48))  # one token, weights in the cache: the matrix-vector product as it was
         lin(torch.randn(1, narrow.WIDEST + 1, 48))  # prefill-wide
     assert calls == []
     with torch.no_grad():
         lin(torch.randn(2, 3, 48))
     assert calls == [torch.Size([2, 3, 48])]
+    lin.narrow_single = True  # weights that stream from memory: one token too, as two columns
+    with torch.no_grad():
+        lin(torch.randn(1, 1, 48))
+    assert calls[-1] == torch.Size([1, 1, 48])
     x = torch.randn(1, 4, 48, requires_grad=True)  # training: torch's own path, gradients flow
     lin(x).sum().backward()
-    assert calls == [torch.Size([2, 3, 48])] and x.grad is not None and lin.weight.grad is not None
+    assert calls[-1] == torch.Size([1, 1, 48]) and len(calls) == 2  # no call for the training forward
+    assert x.grad is not None and lin.weight.grad is not None
 
 
 def test_switching_keeps_parameters_state_and_hooks(llama):
@@ -84,15 +89,34 @@ def test_switching_keeps_parameters_state_and_hooks(llama):
     assert all(type(m) is not NarrowLinear for m in llama.modules())
 
 
-def test_wide_narrow_forwards_only_for_weights_that_leave_the_cache():
+def test_wide_and_one_token_narrow_forwards_only_for_weights_that_leave_the_cache():
     small = _linear()
     use_narrow_linear(small)
     assert small.narrow_widest == narrow.ALWAYS  # cached weights: x·Wᵀ is faster beyond a few columns
+    assert small.narrow_single is False  # and the matrix-vector product is the faster one for one token
     big = nn.Sequential(nn.Linear(4096, narrow.CACHED_BYTES // (4 * 4096) + 1, bias=False))
     use_narrow_linear(big)
-    assert big[0].narrow_widest == narrow.WIDEST
+    assert big[0].narrow_widest == narrow.WIDEST and big[0].narrow_single is True
     use_narrow_linear(big, False)
-    assert type(big[0]) is nn.Linear and "narrow_widest" not in big[0].__dict__
+    assert type(big[0]) is nn.Linear and not {"narrow_widest", "narrow_single"} & set(big[0].__dict__)
+
+
+def test_one_token_product_takes_two_columns(monkeypatch):
+    """A one-token product is computed with a zero second column (a matrix product, not torch's
+    matrix-vector one) and equals F.linear up to rounding."""
+    lin = _linear()
+    use_narrow_linear(lin, widest=narrow.WIDEST, single=True)
+    shapes = []
+    real_mm = torch.Tensor.__matmul__
+    monkeypatch.setattr(torch.Tensor, "__matmul__", lambda a, b: shapes.append(tuple(b.shape)) or real_mm(a, b))
+    x = torch.randn(1, 1, 48)
+    with torch.no_grad():
+        out = lin(x)
+    assert torch.allclose(out, torch.nn.functional.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+    lin.bias = None
+    with torch.no_grad():
+        lin(x)
+    assert shapes == [(48, 2)]  # the bias-free product (with a bias it is one addmm over the same columns)
 
 
 @pytest.mark.parametrize("draft", ["block", "adaptive"])
@@ -100,7 +124,7 @@ def test_verify_through_narrow_layers_gives_the_original_models_hf_greedy_tokens
     prompts = random_prompts(5, model.config.vocab_size)
     ref = [hf_greedy(model, p, 30) for p in prompts]  # before any switch: torch's own linear layers
     attach_random_adapter(model)
-    use_narrow_linear(model, widest=narrow.WIDEST)  # every forward of these tiny runs takes the narrow path
+    use_narrow_linear(model, widest=narrow.WIDEST, single=True)  # every forward of these tiny runs: narrow
     try:
         alone = [sbd.generate(model, None, [p], method="sbd-verify", block_size=8, draft=draft,
                               max_new_tokens=30).token_ids[0] for p in prompts]
@@ -113,13 +137,27 @@ def test_verify_through_narrow_layers_gives_the_original_models_hf_greedy_tokens
     assert batched.token_ids == ref
 
 
+def test_ntp_loop_through_one_token_narrow_products_gives_hf_greedy_tokens(model):
+    """Every forward of our NTP loop is one token wide: with `single` they all take the two-column
+    product; the tokens stay the model's Hugging Face greedy tokens, alone and batched."""
+    prompts = random_prompts(4, model.config.vocab_size)
+    ref = [hf_greedy(model, p, 24) for p in prompts]
+    use_narrow_linear(model, widest=narrow.WIDEST, single=True)
+    try:
+        alone = [sbd.generate(model, None, [p], method="ntp", max_new_tokens=24).token_ids[0] for p in prompts]
+        batched = sbd.generate(model, None, prompts, method="ntp", max_new_tokens=24)
+    finally:
+        use_narrow_linear(model, False)
+    assert alone == ref and batched.token_ids == ref
+
+
 def test_plain_sbd_decodes_the_same_through_narrow_layers(model):
     prompts = random_prompts(3, model.config.vocab_size)
     kw = dict(method="sbd", block_size=4, gamma=0.35, max_new_tokens=24, eos_token_ids=[])
     attach_random_adapter(model)
     try:
         plain = sbd.generate(model, None, prompts, **kw)
-        use_narrow_linear(model, widest=narrow.WIDEST)
+        use_narrow_linear(model, widest=narrow.WIDEST, single=True)
         narrowed = sbd.generate(model, None, prompts, **kw)
     finally:
         use_narrow_linear(model, False)

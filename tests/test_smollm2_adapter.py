@@ -14,6 +14,7 @@ from sbd.adapter import adapter_of
 from sbd.benchmarking.bench import _hf_generate
 from sbd.decoding.generate import default_eos_ids, encode_prompts
 from sbd.models.loading import ADAPTERS_DIR
+from sbd.models.narrow_linear import linear_layers
 from sbd.sampler_head import head_of
 from sbd.tasks.prompts import load_prompts
 
@@ -28,7 +29,8 @@ def test_shipped_adapter_gives_the_original_models_greedy_tokens(capsys):
     ids = encode_prompts(tok, load_prompts("task:gsm_symbolic?split=test&n=3&seed=1"), chat=True)
     eos = default_eos_ids(model, tok)
     out = sbd.generate(model, tok, ids, method="sbd-verify", max_new_tokens=64)
-    ref = [_hf_generate(model, tok, [p], 64, eos)[0] for p in ids]
+    with linear_layers(model, False):  # stock transformers' linear layers: the original model as users run it
+        ref = [_hf_generate(model, tok, [p], 64, eos)[0] for p in ids]
     assert out.token_ids == ref
     with capsys.disabled():
         print(f"\nshipped SmolLM2 adapter: sbd-verify {out.tokens_per_forward:.2f} tokens per forward on "

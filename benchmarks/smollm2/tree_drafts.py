@@ -8,9 +8,12 @@ prompt by prompt; every output checked against the model's own greedy tokens.
 
 A configuration is `;`-separated, with `+`-joined settings: chain, tree=W1,W2,…, lookup, adaptive,
 block=K, lookup_max=N (the longest lookup draft), reuse (after a refused draft, draft from its later places rather than afresh; noreuse: the
-default), nohead (the adapter's sampler head left off, when the adapter has one), e.g.
-"tree=3,2+lookup+adaptive"; what a configuration does not name is off (whole blocks, no lookup, a
-chain). "defaults" alone: the settings the model records as its defaults (sbd.decoding.defaults).
+default), nohead (the adapter's sampler head left off, when the adapter has one), fixedlookup (with
+adaptive drafts, every lookup draft `lookup_max` long, as before session 6), flinear (torch's own linear
+layers instead of sbd's narrow ones), e.g. "tree=3,2+lookup+adaptive"; what a configuration does not
+name is off (whole blocks, no lookup, a chain). "defaults" alone: the settings the model records as its
+defaults (sbd.decoding.defaults), which may take "+nohead", "+fixedlookup", "+flinear"; "ntp": our NTP
+loop (every forward one token wide), which may take "+flinear".
 """
 
 from __future__ import annotations
@@ -26,14 +29,25 @@ import torch
 
 def parse(config: str, block: int) -> dict:
     """`generate` keyword arguments of one configuration string."""
-    if config in ("defaults", "defaults+nohead"):  # what the model records (sbd.decoding.defaults), its block size
-        return {"method": "sbd-verify", **({"sampler_head": False} if config.endswith("nohead") else {})}
+    first, *rest = config.split("+")
+    if first in ("defaults", "ntp"):  # what the model records (sbd.decoding.defaults), its block size; our NTP loop
+        kw = {"method": "sbd-verify" if first == "defaults" else "ntp"}
+        for part in rest:
+            if part not in ("nohead", "fixedlookup", "flinear") or (first == "ntp" and part != "flinear"):
+                raise SystemExit(f"unknown setting {part!r} in {config!r}")
+            kw.update({"nohead": {"sampler_head": False}, "fixedlookup": {"fixed_lookup": True},
+                       "flinear": {"flinear": True}}[part])
+        return kw
     # every setting explicit: the model's recorded defaults must not leak into a named configuration
     kw = {"method": "sbd-verify", "block_size": block, "draft": "block", "lookup": False, "tree": "chain"}
     for part in config.split("+"):
         if part == "chain":
             continue
-        if part.startswith("tree="):
+        if part == "fixedlookup":
+            kw["fixed_lookup"] = True
+        elif part == "flinear":
+            kw["flinear"] = True
+        elif part.startswith("tree="):
             kw["tree"] = part[5:]
         elif part == "lookup":
             kw["lookup"] = True
@@ -71,40 +85,55 @@ def main() -> None:
     import sbd
     from sbd.decoding.generate import encode_prompts
     from sbd.decoding.rows import VerifyRow
+    from sbd.models.narrow_linear import linear_layers
     from sbd.sampler_head import enabled
     from sbd.tasks.prompts import load_prompts
 
     model, tok = sbd.load(args.model)
     ids = encode_prompts(tok, load_prompts(args.prompts)[: args.n], chat=True)
     configs = [c.strip() for c in args.configs.split(";") if c.strip()]
-    ref, hf_t, pl_t = [], [], []
+    ref, hf_t, pl_t, pln_t = [], [], [], []
     stats = {c: {"nfe": 0, "tokens": 0, "same": 0, "t": []} for c in configs}
 
-    def hf(p, lookup):
+    def hf(p, lookup, stock=True):
+        """HF generate on torch's own linear layers (stock transformers, what a user runs without sbd), or
+        on sbd's narrow ones (`stock=False`: prompt-lookup's verifying forwards made cheaper by sbd)."""
         x = torch.tensor([p])
         kw = {"prompt_lookup_num_tokens": 10} if lookup else {}
         t0 = time.perf_counter()
-        with torch.no_grad():
+        with torch.no_grad(), linear_layers(model, False if stock else None):
             out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=args.max_new_tokens,
                                  do_sample=False, pad_token_id=tok.eos_token_id, **kw)
         return out[0, len(p):].tolist(), time.perf_counter() - t0
 
+    def run(c, p, max_new):
+        kw = parse(c, args.block_size)
+        VerifyRow.REUSE_LEFTOVER = kw.pop("reuse_leftover", False)
+        VerifyRow.ADAPTIVE_LOOKUP = not kw.pop("fixed_lookup", False)
+        try:
+            with enabled(model, kw.pop("sampler_head", True)), linear_layers(model, False if kw.pop("flinear", False) else None):
+                t0 = time.perf_counter()
+                r = sbd.generate(model, tok, [p], max_new_tokens=max_new, **kw)
+                return r, time.perf_counter() - t0
+        finally:
+            VerifyRow.REUSE_LEFTOVER, VerifyRow.ADAPTIVE_LOOKUP = False, True
+
+    for c in configs:  # warm-up, untimed: first calls, and adaptive drafting's one-off timing of forward widths
+        run(c, ids[0], 8)
+    hf(ids[0][:16], False)
+    hf(ids[0][:16], True)
+    hf(ids[0][:16], True, stock=False)
     for i, p in enumerate(ids):
-        base = sbd.generate(model, tok, [p], method="ntp", max_new_tokens=args.max_new_tokens).token_ids[0]
+        base, t = hf(p, False)  # the original model's greedy tokens, as stock transformers gives them
         ref.append(base)
         if not args.no_timing:
-            _, t = hf(p, False)
             hf_t.append(t)
             _, t = hf(p, True)
             pl_t.append(t)
+            _, t = hf(p, True, stock=False)
+            pln_t.append(t)
         for c in configs:
-            kw = parse(c, args.block_size)
-            VerifyRow.REUSE_LEFTOVER = kw.pop("reuse_leftover", False)
-            with enabled(model, kw.pop("sampler_head", True)):
-                t0 = time.perf_counter()
-                r = sbd.generate(model, tok, [p], max_new_tokens=args.max_new_tokens, **kw)
-                dt = time.perf_counter() - t0
-            VerifyRow.REUSE_LEFTOVER = False
+            r, dt = run(c, p, args.max_new_tokens)
             s = stats[c]
             s["nfe"] += r.nfe[0]
             s["tokens"] += len(r.token_ids[0])
@@ -116,19 +145,22 @@ def main() -> None:
             f"greedy, batch 1, chat template, at most {args.max_new_tokens} new tokens, block {args.block_size}; "
             f"{platform.machine()} {args.threads} threads, torch {torch.__version__}; configurations interleaved "
             "prompt by prompt; time = summed wall time over the prompts.")
-    lines = [head, "", "| drafts | tokens / forward | identical to greedy | vs HF greedy (time) | vs HF prompt-lookup (time) |",
-             "|---|---:|---:|---:|---:|"]
+    head += (" HF rows run on torch's own linear layers (stock transformers) unless marked 'on sbd's linear "
+             "layers'; identical = token for token HF greedy's output.")
+    lines = [head, "", "| drafts | tokens / forward | identical to greedy | vs HF greedy (time) | vs HF prompt-lookup "
+             "(time) | vs HF prompt-lookup on sbd's linear layers (time) |", "|---|---:|---:|---:|---:|---:|"]
     for c in configs:
         s = stats[c]
         tpf = s["tokens"] / max(1, s["nfe"])
-        speed = "-" if args.no_timing else f"{sum(hf_t) / sum(s['t']):.2f}x"
-        speed_pl = "-" if args.no_timing else f"{sum(pl_t) / sum(s['t']):.2f}x"
-        lines.append(f"| {c} | {tpf:.2f} | {s['same']}/{len(ids)} | {speed} | {speed_pl} |")
+        speeds = ["-"] * 3 if args.no_timing else [f"{sum(b) / sum(s['t']):.2f}x" for b in (hf_t, pl_t, pln_t)]
+        lines.append(f"| {c} | {tpf:.2f} | {s['same']}/{len(ids)} | " + " | ".join(speeds) + " |")
     if not args.no_timing:
-        lines.append(f"| HF prompt-lookup (10) | - | - | {sum(hf_t) / sum(pl_t):.2f}x | 1.00x |")
+        lines.append(f"| HF prompt-lookup (10) | - | - | {sum(hf_t) / sum(pl_t):.2f}x | 1.00x | {sum(pln_t) / sum(pl_t):.2f}x |")
+        lines.append(f"| HF prompt-lookup (10) on sbd's linear layers | - | - | {sum(hf_t) / sum(pln_t):.2f}x | "
+                     f"{sum(pl_t) / sum(pln_t):.2f}x | 1.00x |")
         lines += ["", f"Per-prompt median seconds: HF greedy {statistics.median(hf_t):.2f}, HF prompt-lookup "
-                  f"{statistics.median(pl_t):.2f}; " + ", ".join(f"{c} {statistics.median(stats[c]['t']):.2f}"
-                                                             for c in configs) + "."]
+                  f"{statistics.median(pl_t):.2f} (on sbd's layers {statistics.median(pln_t):.2f}); "
+                  + ", ".join(f"{c} {statistics.median(stats[c]['t']):.2f}" for c in configs) + "."]
     text = "\n".join(lines)
     print(text)
     if args.out:

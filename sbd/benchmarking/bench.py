@@ -14,7 +14,6 @@ is (limit of our NTP loop) / (limit of the row), and `share` = measured speedup 
 
 from __future__ import annotations
 
-import contextlib
 import platform
 import statistics
 import time
@@ -25,13 +24,14 @@ import torch
 
 from ..decoding.generate import check_prompt_ids, default_eos_ids, encode_prompts, generate
 from ..errors import SBDError
-from ..models.narrow_linear import use_narrow_linear, uses_narrow_linear
+from ..models.narrow_linear import linear_layers, uses_narrow_linear
 from ..modes import eval_mode
 from .forward_cost import Shape, _sync, time_forwards
 
 KINDS = ("hf", "prompt-lookup", "assisted", "ntp", "sbd", "sbd-verify", "sbd-verify-adaptive", "sbd-verify-lookup",
          "sbd-verify-adaptive-lookup", "sbd-verify-defaults", "sbd-fixed")
 VERIFY = ("sbd-verify", "sbd-verify-adaptive", "sbd-verify-lookup", "sbd-verify-adaptive-lookup", "sbd-verify-defaults")
+LAYERS = {"narrow": True, "flinear": False}  # --methods NAME@LAYERS: that row on these linear layers
 PROMPT_LOOKUP_TOKENS = 10  # Hugging Face's documented example value; the n-gram size is its default
 
 
@@ -44,7 +44,9 @@ class Method:
     block_size: int | None = None  # sbd and sbd-verify
     compiled: bool = False  # our loops through torch.compile on static shapes
     fixed: int | None = None  # sbd-fixed: tokens revealed per forward (a timing schedule)
-    narrow: bool | None = None  # linear layers of narrow forwards as W·xᵀ (True) or F.linear (False); None: as loaded
+    # linear layers of few-token forwards as W·xᵀ (True) or F.linear (False); None: ours as loaded, Hugging
+    # Face's rows on torch's own layers (stock transformers: the baseline a user has without sbd)
+    narrow: bool | None = None
 
     @property
     def name(self) -> str:
@@ -92,11 +94,21 @@ def parse_methods(text: str, gammas: Sequence[float], block_sizes: Sequence[int]
     `sbd-verify` to one per block size; `assisted` needs an assistant model. Our NTP loop is always
     included (the predicted speedups are relative to it). compiled: each of our rows again, compiled.
     `sbd-fixed` expands to one row per (block size, tokens revealed per forward in `fixed`).
-    narrow: the linear-layer settings to compare (`sbd.models.narrow_linear`); every method whose forwards
-    are wider than one token gets a row per setting (HF greedy and our NTP loop run the model as loaded)."""
+    narrow: the linear-layer settings to compare (`sbd.models.narrow_linear`); every method but our NTP loop
+    (run as loaded) gets a row per setting. Left at None, Hugging Face's rows run on torch's own linear
+    layers (stock transformers), ours as loaded."""
     sizes = [block_sizes] if isinstance(block_sizes, int) else list(block_sizes)
-    names = [t.strip() for t in text.split(",") if t.strip()]
-    unknown = [n for n in names if n not in KINDS]
+    names, pinned = [], {}  # pinned: "name@narrow" / "name@flinear", a method on the linear layers named
+    for t in (t.strip() for t in text.split(",")):
+        name, _, layers = t.partition("@")
+        if not name:
+            continue
+        if layers and (layers not in LAYERS or name == "ntp"):
+            raise SBDError(f"unknown linear layers {t!r}: write NAME@narrow or NAME@flinear (not for ntp)")
+        names.append(t)
+        if layers:
+            pinned[t] = name
+    unknown = [n for n in names if pinned.get(n, n) not in KINDS]
     if unknown or not names:
         raise SBDError(f"unknown method {', '.join(unknown) or '(none)'}; choose from {', '.join(KINDS)}")
     if not sizes or any(not isinstance(k, int) or k < 1 for k in sizes):
@@ -109,6 +121,11 @@ def parse_methods(text: str, gammas: Sequence[float], block_sizes: Sequence[int]
         names.insert(names.index("sbd") if "sbd" in names else len(names), "ntp")
     methods = []
     for n in dict.fromkeys(names):
+        if n in pinned:  # one row on the named layers, whatever `narrow` says
+            kind, layers = pinned[n], LAYERS[n.partition("@")[2]]
+            rows = parse_methods(kind, gammas, sizes, assistant, False, fixed)
+            methods += [Method(m.kind, m.gamma, m.block_size, False, m.fixed, layers) for m in rows if m.kind == kind]
+            continue
         if n == "sbd":
             if not gammas:
                 raise SBDError("method 'sbd' needs at least one γ")
@@ -125,8 +142,10 @@ def parse_methods(text: str, gammas: Sequence[float], block_sizes: Sequence[int]
         methods += [Method(m.kind, m.gamma, m.block_size, True, m.fixed) for m in methods if m.ours]
     settings = list(dict.fromkeys(narrow)) or [None]
     if settings != [None]:
-        methods = [m if m.kind in ("hf", "ntp") else Method(m.kind, m.gamma, m.block_size, m.compiled, m.fixed, s)
-                   for m in methods for s in (settings if m.kind not in ("hf", "ntp") else [None])]
+        methods = [m if m.kind == "ntp" or m.narrow is not None else
+                   Method(m.kind, m.gamma, m.block_size, m.compiled, m.fixed, s)
+                   for m in methods for s in (settings if m.kind != "ntp" and m.narrow is None else [None])]
+    methods = list(dict.fromkeys(methods))
     return methods
 
 
@@ -203,23 +222,9 @@ def _hf_generate(model, tokenizer, batch: list[list[int]], max_new: int, eos: li
     return [_cut_at_eos(row[longest:].tolist(), set(eos)) for row in out]
 
 
-@contextlib.contextmanager
-def _linear_layers(model, narrow: bool | None):
-    """The model's linear layers as `narrow` asks (None: as they are) for the time of one call."""
-    if narrow is None:
-        yield
-        return
-    before = uses_narrow_linear(model)
-    use_narrow_linear(model, narrow)
-    try:
-        yield
-    finally:
-        use_narrow_linear(model, before)
-
-
 def _run(method: Method, model, tokenizer, batch, max_new, eos, assistant, record: list | None):
     """Decode one batch with `method`; returns (tokens per row, NFE per row or None)."""
-    with _linear_layers(model, method.narrow):
+    with linear_layers(model, method.narrow if method.narrow is not None or method.ours else False):
         return _decode(method, model, tokenizer, batch, max_new, eos, assistant, record)
 
 
@@ -348,7 +353,7 @@ def _limits(model, runs: dict, repeats: int) -> dict:
         shapes = {_bucket(s) for run in group.values() for s in run.forwards}
         if not shapes:
             continue
-        with _linear_layers(model, narrow):
+        with linear_layers(model, narrow):
             cost = time_forwards(model, sorted(shapes, key=lambda s: (s.batch, s.cached, s.width, s.n_commit)),
                                  repeats=repeats)
         times = {m: sum(cost[_bucket(s)] for s in run.forwards) for m, run in group.items()}

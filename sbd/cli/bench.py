@@ -26,8 +26,8 @@ def add_bench_parser(sub):
                     "share of it reached. Writes bench.json, bench.md and bench.png to --out.")
     add_model_options(p, narrow_choices=("auto", "on", "off", "both"), narrow_help=(
         "linear layers of few-token forwards as W·xᵀ (on), as torch's F.linear (off), or a row of each for every "
-        "method that makes such forwards (both: the A/B in one process; HF greedy and our NTP loop run as loaded); "
-        "auto: as sbd.load sets it (on for float32 on CPU)"),
+        "method but our NTP loop (both: the A/B in one process; the NTP loop runs as loaded); auto: our rows as "
+        "sbd.load sets it (on for float32 on CPU), Hugging Face's rows on torch's own layers (stock transformers)"),
         shape_help="a random-weight Llama with these shapes, fed --n random prompts of --prompt-tokens tokens "
                    "(timing only: use --methods hf,ntp,sbd-fixed)")
     p.add_argument("--task", type=_argtype(parse_tasks), default=None, metavar="NAME[,NAME]",
@@ -48,6 +48,8 @@ def add_bench_parser(sub):
                         "sbd-verify-defaults (the drafting settings sbd-verify uses when none are given: the "
                         "model's measured defaults), "
                         "sbd-fixed (one row per --fixed: a fixed number of tokens revealed per forward, for timing); "
+                        "NAME@narrow or NAME@flinear: that method's row on sbd's narrow linear layers or on torch's "
+                        "own, whatever --narrow-linear says (e.g. prompt-lookup@narrow beside prompt-lookup); "
                         "our NTP loop is always added (default: hf,prompt-lookup,ntp,sbd,sbd-verify)")
     p.add_argument("--fixed", type=_argtype(parse_sizes), default=[2, 3, 4], metavar="LIST",
                    help="tokens revealed per forward by the sbd-fixed rows (default: 2,3,4)")

@@ -20,6 +20,7 @@ def run_smollm2_demo(n: int = 2, gamma: float = 0.35, block_size: int | None = N
     from ..decoding.defaults import resolve
     from ..decoding.generate import default_eos_ids, encode_prompts
     from ..models.loading import load
+    from ..models.narrow_linear import linear_layers
     from ..sampler_head import head_of
     from ..tasks.prompts import load_prompts
 
@@ -34,7 +35,8 @@ def run_smollm2_demo(n: int = 2, gamma: float = 0.35, block_size: int | None = N
     def hf(**kw):
         def run(p):
             start = time.perf_counter()
-            out = _hf_generate(model, tokenizer, [p], max_new_tokens, eos, **kw)[0]
+            with linear_layers(model, False):  # stock transformers: the user's own baseline
+                out = _hf_generate(model, tokenizer, [p], max_new_tokens, eos, **kw)[0]
             return out, None if kw else len(out), time.perf_counter() - start  # greedy: a forward per token
         return run
 

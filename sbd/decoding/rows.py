@@ -327,6 +327,21 @@ def best_draft_length(alpha: float, cost, longest: int, tree: Sequence[int] = ()
     return best
 
 
+def best_lookup_length(alpha: float, cost, longest: int) -> int:
+    """How many of a prompt-lookup continuation's `longest` tokens to put up (1..longest): the length that
+    maximises expected tokens per unit of forward time. A forward verifying a lookup draft of d tokens
+    feeds 1 + d tokens (head and draft, no masks) and costs `cost(d + 1)`; each draft token stands with
+    probability alpha once the one before it stood (lookup's own record, not the masks'). At least one
+    token, so that lookup's record keeps growing."""
+    best, value = 1, -1.0
+    for d in range(1, max(1, longest) + 1):
+        made = 1 + (d * alpha if alpha >= 1 else alpha * (1 - alpha ** d) / (1 - alpha))
+        v = made / cost(d + 1)
+        if v > value + 1e-12:
+            best, value = d, v
+    return best
+
+
 def verify_width(block_size: int, lookup_max: int = 0, tree: Sequence[int] | None = None) -> int:
     """The widest forward of an sbd-verify row (cache positions it writes past its committed part): a
     forward verifying a lookup draft (at most `lookup_max`; 0 without lookup) feeds no masks; any other
@@ -417,6 +432,9 @@ class VerifyRow(Row):
     # and cache room stay as they were, while copied spans (code, names, quoted text) are drafted 16 at
     # a time instead of block − 1 (Hugging Face's prompt lookup drafts 10).
     LOOKUP_MAX = 16
+    # adaptive drafting: a lookup draft only as long as pays on lookup's own record (`best_lookup_length`);
+    # False drafts all `lookup_max` tokens whenever lookup finds them (before 2026-11-24, session 6)
+    ADAPTIVE_LOOKUP = True
 
     def __init__(self, prompt, *, block_size: int, mask_id: int, eb_gamma: float | None = None,
                  proxy: str = "entropy", cost=None, lookup: bool = False, tree=None,
@@ -439,6 +457,9 @@ class VerifyRow(Row):
         self.n_masks = block_size  # masks fed by the next verifying forward that verifies no lookup draft
         self.plain_steps = 0  # consecutive next-token steps (adaptive drafting found no draft worth its width)
         self.rejections = 0  # verifying forwards in which a draft token was refused
+        # adaptive drafting's record per draft source: draft tokens kept, forwards with a refused draft token
+        self.kept_by = {"masks": 0, "lookup": 0}
+        self.refused_by = {"masks": 0, "lookup": 0}
         self.needs_extra = verify_width(block_size, lookup_max if lookup else 0, self.tree)
         # prompt lookup's index over prompt + output: per n-gram size g, the g tokens → the latest start
         # of an occurrence other than the sequence's own last g tokens (`_index_new_tokens`)
@@ -532,9 +553,21 @@ class VerifyRow(Row):
         return []
 
     def _next_draft(self, masks_draft: list[int]) -> None:
-        """The next draft: prompt lookup's continuation when lookup is on and finds one, else the masks'."""
+        """The next draft: prompt lookup's continuation when lookup is on and finds one, else the masks'.
+        With adaptive drafting a lookup draft is only as long as pays on lookup's own record so far
+        (`best_lookup_length`): a 16-token forward costs several 1-token ones on a CPU."""
         found = self._lookup() if self.lookup else []
+        if found and self.cost is not None and self.ADAPTIVE_LOOKUP:
+            kept, refused = self.kept_by["lookup"], self.refused_by["lookup"]
+            found = found[: best_lookup_length((kept + 1) / (kept + refused + 2), self.cost, len(found))]
         self.draft, self.from_lookup = (found, True) if found else (masks_draft, False)
+
+    def _record(self, kept: int, refused: bool) -> None:
+        """One verifying forward's outcome, in the record of the source of its draft (none: no draft)."""
+        source = "lookup" if self.from_lookup else "masks"
+        self.kept_by[source] += kept
+        self.refused_by[source] += bool(refused)
+        self.rejections += bool(refused)
 
     def _mask_values(self, logits: torch.Tensor) -> list[torch.Tensor]:
         """What the EB rule needs from block logits: picked tokens, entropies (and the proxy)."""
@@ -637,7 +670,7 @@ class VerifyRow(Row):
             self.lookup_accepted += next((i for i, (x, y) in enumerate(zip(new[:a], self.draft)) if x != y),
                                          min(a, len(self.draft)))
         self.proposed += n - 1
-        self.rejections += bool(trees.children(parents)[path[-1]])  # a child of the last kept node was refused
+        self._record(a, bool(trees.children(parents)[path[-1]]))  # refused: a child of the last kept node
         self._adapt()
         start = self._take(new, lp_values)
         end = self._end(start, new)
@@ -666,7 +699,8 @@ class VerifyRow(Row):
     def _adapt(self) -> None:
         """Adaptive drafting: the next forward's mask count from the acceptance so far (class docstring)."""
         if self.cost is not None and self.block_size > 1:  # the geometric acceptance estimate, with a prior
-            alpha = (sum(self.accepted) + 1) / (sum(self.accepted) + self.rejections + 2)
+            kept, refused = self.kept_by["masks"], self.refused_by["masks"]  # the masks' own record
+            alpha = (kept + 1) / (kept + refused + 2)
             d = best_draft_length(alpha, self.cost, self.block_size - 1, self.tree or ())
             self.plain_steps = self.plain_steps + 1 if d == 0 else 0
             if d == 0 and self.plain_steps % self.PROBE_EVERY == 0:
@@ -700,7 +734,7 @@ class VerifyRow(Row):
         self.accepted.append(a)
         self.lookup_accepted += a if self.from_lookup else 0
         self.proposed += n
-        self.rejections += a < n
+        self._record(a, a < n)
         self._adapt()
         new = tokens[: a + 1]  # draft tokens kept (they equal NTP's) + NTP's next token
         start = self._take(new, lp_values)

@@ -9,15 +9,25 @@ at 6–16 (the 2-core AVX2 machine of docs/performance.md; `benchmarks/narrow_li
 Beyond 4 columns it pays only when the weights stream from memory: on a model whose linear layers fit
 in the cache (the 4.7M demo model: 18 MB) x·Wᵀ is the faster form there. So a forward of 2..4 positions
 (rows × width) always runs as W·xᵀ, and one of up to 64 positions too when the linear layers
-outweigh the cache (`CACHED_BYTES`), with its columns padded to a multiple of 8; 1-token forwards
-(plain greedy decoding), long ones (prefill) and anything that needs gradients are left to
-`torch.nn.functional.linear`.
+outweigh the cache (`CACHED_BYTES`), with its columns padded to a multiple of 8.
+
+One-token forwards (plain greedy decoding, and the steps of sbd-verify that carry no draft) take the
+same path when the weights stream from memory, as a product with two columns, the second one zero:
+torch's matrix-vector product (MKL's gemv on this class of machine) runs on one thread and streams
+the weights at about 12 GB/s, slower than its matrix product even on one thread; two columns take
+the matrix product, on every thread. Measured on SmolLM2-135M (2-core AMD EPYC, torch 2.13 with MKL
+2024.2): a one-token forward 55 → 31 ms; its 49152 × 576 output layer alone 9.5 → 3.0 ms
+(docs/performance.md, "One-token forwards"). With the weights in the cache (the demo model) the
+matrix-vector product is the faster one and stays. Long forwards (prefill) and anything that needs
+gradients are left to `torch.nn.functional.linear`.
 
 The result equals `F.linear` up to float rounding (another summation order), the same kind of
 difference as between a 1-token and a wide forward through `F.linear` itself.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 from torch import nn
@@ -32,7 +42,7 @@ def narrow_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     """`F.linear(x, weight, bias)` computed as weight · xᵀ, for few positions."""
     flat = x.reshape(-1, x.shape[-1])
     m = flat.shape[0]
-    cols = -(-m // PAD) * PAD if m > PAD else m
+    cols = -(-m // PAD) * PAD if m > PAD else max(m, 2)  # one column would be the matrix-vector product
     if cols != m:
         flat = torch.cat([flat, flat.new_zeros(cols - m, flat.shape[1])])
     if bias is None:
@@ -47,30 +57,37 @@ class NarrowLinear(nn.Linear):
     """An `nn.Linear` (same parameters, state dict and hooks) that takes the narrow path when it pays."""
 
     narrow_widest = WIDEST  # set per model by `use_narrow_linear`
+    narrow_single = False  # one-token products as two columns (weights that stream from memory)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         m = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if NARROWEST <= m <= self.narrow_widest and x.device.type == "cpu" and not torch.is_grad_enabled():
+        lo = 1 if self.narrow_single else NARROWEST
+        if lo <= m <= self.narrow_widest and x.device.type == "cpu" and not torch.is_grad_enabled():
             return narrow_linear(x, self.weight, self.bias)
         return super().forward(x)
 
 
-def use_narrow_linear(model: nn.Module, on: bool = True, widest: int | None = None) -> int:
+def use_narrow_linear(model: nn.Module, on: bool = True, widest: int | None = None,
+                      single: bool | None = None) -> int:
     """Switch every plain `nn.Linear` of `model` to the narrow path (`on=False`: back). In place; the
     modules keep their parameters and hooks. widest: the most positions a forward may have to take the
-    narrow path (default: `WIDEST` when the linear weights outweigh the cache, else `ALWAYS`).
+    narrow path (default: `WIDEST` when the linear weights outweigh the cache, else `ALWAYS`); single:
+    one-token forwards too, as two-column products (default: when the weights outweigh the cache).
     Returns how many layers were switched."""
     source, target = (nn.Linear, NarrowLinear) if on else (NarrowLinear, nn.Linear)
     layers = [m for m in model.modules() if type(m) is source]
-    if on and widest is None:
+    if on:
         size = sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, nn.Linear))
-        widest = WIDEST if size > CACHED_BYTES else ALWAYS
+        streams = size > CACHED_BYTES
+        widest = (WIDEST if streams else ALWAYS) if widest is None else widest
+        single = streams if single is None else bool(single)
     for module in layers:
         module.__class__ = target
         if on:
-            module.narrow_widest = widest
+            module.narrow_widest, module.narrow_single = widest, single
         else:
             module.__dict__.pop("narrow_widest", None)
+            module.__dict__.pop("narrow_single", None)
     return len(layers)
 
 
@@ -81,3 +98,18 @@ def uses_narrow_linear(model: nn.Module) -> bool:
 def worth_it(device, dtype) -> bool:
     """On by default for float32 models on CPU (where it was measured); elsewhere the default kernels."""
     return torch.device(device).type == "cpu" and dtype == torch.float32
+
+
+@contextlib.contextmanager
+def linear_layers(model: nn.Module, narrow: bool | None):
+    """Within the block, `model`'s linear layers take the narrow path (True) or are torch's own (False:
+    stock transformers, e.g. for a Hugging Face baseline); None leaves them as they are. Restored after."""
+    if narrow is None:
+        yield
+        return
+    before = uses_narrow_linear(model)
+    use_narrow_linear(model, narrow)
+    try:
+        yield
+    finally:
+        use_narrow_linear(model, before)

@@ -56,6 +56,7 @@ def main() -> None:
     from sbd import adapter as adapters
     from sbd import sampler_head as heads
     from sbd.decoding.generate import encode_prompts
+    from sbd.models.narrow_linear import linear_layers
     from sbd.tasks.prompts import load_prompts
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -71,7 +72,7 @@ def main() -> None:
         refs[name] = []
         for p in ids:
             x = torch.tensor([p])
-            with torch.no_grad():
+            with torch.no_grad(), linear_layers(model, False):  # stock transformers
                 out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=args.max_new_tokens,
                                      do_sample=False, pad_token_id=tok.eos_token_id)
             refs[name].append(out[0, len(p):].tolist())
