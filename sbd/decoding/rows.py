@@ -309,6 +309,12 @@ class SBDRow(Row):
         return 0
 
 
+def expected_tokens(alpha: float, d: int) -> float:
+    """Tokens a verifying forward yields on average with a draft of d tokens, each standing with
+    probability alpha once the one before it stood: the kept draft prefix plus the head's own token."""
+    return 1 + (d * alpha if alpha >= 1 else alpha * (1 - alpha ** d) / (1 - alpha))
+
+
 def best_draft_length(alpha: float, cost, longest: int, tree: Sequence[int] = ()) -> int:
     """The draft length d (0..longest) that maximises expected tokens per unit of forward time.
 
@@ -320,8 +326,7 @@ def best_draft_length(alpha: float, cost, longest: int, tree: Sequence[int] = ()
     w − 1 tokens at each depth up to d (alpha is then the tree's rate per depth)."""
     best, value = 0, 1.0 / cost(1)
     for d in range(1, max(0, longest) + 1):
-        made = 1 + (d * alpha if alpha >= 1 else alpha * (1 - alpha ** d) / (1 - alpha))
-        v = made / cost(2 * d + 2 + sum(w - 1 for w in tree[:d]))
+        v = expected_tokens(alpha, d) / cost(2 * d + 2 + sum(w - 1 for w in tree[:d]))
         if v > value + 1e-12:
             best, value = d, v
     return best
@@ -335,8 +340,7 @@ def best_lookup_length(alpha: float, cost, longest: int) -> int:
     token, so that lookup's record keeps growing."""
     best, value = 1, -1.0
     for d in range(1, max(1, longest) + 1):
-        made = 1 + (d * alpha if alpha >= 1 else alpha * (1 - alpha ** d) / (1 - alpha))
-        v = made / cost(d + 1)
+        v = expected_tokens(alpha, d) / cost(d + 1)
         if v > value + 1e-12:
             best, value = d, v
     return best
