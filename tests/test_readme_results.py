@@ -82,7 +82,8 @@ def expected_from_bench(path: Path, name: str, batch: int) -> dict:
         "vs HF greedy": ratio(row["tokens_per_second"] / hf["tokens_per_second"]),
         "vs HF prompt-lookup": "–" if lookup is None else ratio(row["tokens_per_second"] / lookup["tokens_per_second"]),
         "vs sbd NTP": "–" if row["measured_vs_ntp"] is None else ratio(row["measured_vs_ntp"]),
-        "same answers": f"{row['same_as_greedy']}/{row['n']}",
+        "same answers": f"{row['same_as_greedy']}/{row['n']}" + (  # a near tie: ties.py, named as bench.md names it
+            f" (+{row['near_ties']} near tie{'s' * (row['near_ties'] > 1)})" if row.get("near_ties") else ""),
         "machine": f"{meta['device'].upper()}, {meta['threads']} threads",
         "prompts": meta["prompts"],
     }

@@ -83,6 +83,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     import sbd
+    from sbd.benchmarking.ties import near_ties
     from sbd.decoding.generate import encode_prompts
     from sbd.decoding.rows import VerifyRow
     from sbd.models.narrow_linear import linear_layers
@@ -93,7 +94,7 @@ def main() -> None:
     ids = encode_prompts(tok, load_prompts(args.prompts)[: args.n], chat=True)
     configs = [c.strip() for c in args.configs.split(";") if c.strip()]
     ref, hf_t, pl_t, pln_t = [], [], [], []
-    stats = {c: {"nfe": 0, "tokens": 0, "same": 0, "t": []} for c in configs}
+    stats = {c: {"nfe": 0, "tokens": 0, "same": 0, "t": [], "answers": []} for c in configs}
 
     def hf(p, lookup, stock=True):
         """HF generate on torch's own linear layers (stock transformers, what a user runs without sbd), or
@@ -138,6 +139,7 @@ def main() -> None:
             s["nfe"] += r.nfe[0]
             s["tokens"] += len(r.token_ids[0])
             s["same"] += r.token_ids[0] == base
+            s["answers"].append(r.token_ids[0])
             s["t"].append(dt)
         print(f"prompt {i + 1}/{len(ids)} done", flush=True)
 
@@ -146,14 +148,17 @@ def main() -> None:
             f"{platform.machine()} {args.threads} threads, torch {torch.__version__}; configurations interleaved "
             "prompt by prompt; time = summed wall time over the prompts.")
     head += (" HF rows run on torch's own linear layers (stock transformers) unless marked 'on sbd's linear "
-             "layers'; identical = token for token HF greedy's output.")
+             "layers'; identical = token for token HF greedy's output (+ answers parting from it at a near tie, "
+             "where float rounding decides: sbd/benchmarking/ties.py).")
     lines = [head, "", "| drafts | tokens / forward | identical to greedy | vs HF greedy (time) | vs HF prompt-lookup "
              "(time) | vs HF prompt-lookup on sbd's linear layers (time) |", "|---|---:|---:|---:|---:|---:|"]
     for c in configs:
         s = stats[c]
         tpf = s["tokens"] / max(1, s["nfe"])
         speeds = ["-"] * 3 if args.no_timing else [f"{sum(b) / sum(s['t']):.2f}x" for b in (hf_t, pl_t, pln_t)]
-        lines.append(f"| {c} | {tpf:.2f} | {s['same']}/{len(ids)} | " + " | ".join(speeds) + " |")
+        ties = near_ties(model, ids, s["answers"], ref)
+        same = f"{s['same']}/{len(ids)}" + (f" (+{ties} near tie{'s' * (ties > 1)})" if ties else "")
+        lines.append(f"| {c} | {tpf:.2f} | {same} | " + " | ".join(speeds) + " |")
     if not args.no_timing:
         lines.append(f"| HF prompt-lookup (10) | - | - | {sum(hf_t) / sum(pl_t):.2f}x | 1.00x | {sum(pln_t) / sum(pl_t):.2f}x |")
         lines.append(f"| HF prompt-lookup (10) on sbd's linear layers | - | - | {sum(hf_t) / sum(pln_t):.2f}x | "

@@ -27,6 +27,7 @@ from ..errors import SBDError
 from ..models.narrow_linear import linear_layers, uses_narrow_linear
 from ..modes import eval_mode
 from .forward_cost import Shape, _sync, time_forwards
+from .ties import near_ties
 
 KINDS = ("hf", "prompt-lookup", "assisted", "ntp", "sbd", "sbd-verify", "sbd-verify-adaptive", "sbd-verify-lookup",
          "sbd-verify-adaptive-lookup", "sbd-verify-defaults", "sbd-fixed")
@@ -178,6 +179,7 @@ class BenchRow:
     n: int
     lossless: bool
     accuracy: float | None = None
+    near_ties: int = 0  # of the answers that differ, those parting from the reference at a near tie (ties.py)
     measured_vs_ntp: float | None = None  # our NTP loop's seconds / this row's seconds
     limit_seconds: float | None = None  # Σ over this row's forwards of the forward's time alone
     predicted_vs_ntp: float | None = None  # limit of our NTP loop / limit of this row (eq. 16)
@@ -326,7 +328,7 @@ def bench(model, tokenizer, prompts: Sequence, methods: Sequence[Method], *, bat
                     for m in ms:
                         seconds[m].append(spent[m])
                 limits = _limits(model, runs, limit_repeats)
-                rows += _rows(ms, b, runs, seconds, limits, examples, tokenizer)
+                rows += _rows(ms, b, runs, seconds, limits, examples, tokenizer, model, prompt_ids)
     finally:
         bar.close()
     meta = {
@@ -365,7 +367,7 @@ def _limits(model, runs: dict, repeats: int) -> dict:
     return limits
 
 
-def _rows(methods, b, runs, seconds, limits, examples, tokenizer) -> list[BenchRow]:
+def _rows(methods, b, runs, seconds, limits, examples, tokenizer, model, prompt_ids) -> list[BenchRow]:
     hf = next((m for m in methods if m.kind == "hf"), None)
     ntp = next(m for m in methods if m.kind == "ntp")
     reference = runs[hf].tokens if hf is not None else runs[ntp].tokens
@@ -388,6 +390,7 @@ def _rows(methods, b, runs, seconds, limits, examples, tokenizer) -> list[BenchR
             tokens_per_forward=n_tokens / nfe if nfe else None,
             same_as_greedy=sum(a == r for a, r in zip(run.tokens, reference)), n=len(reference),
             lossless=m.lossless, accuracy=acc,
+            near_ties=near_ties(model, prompt_ids, run.tokens, reference) if m.lossless else 0,
         )
         if m.ours:
             row.measured_vs_ntp = med[ntp] / med[m]

@@ -25,7 +25,9 @@ def bench_markdown(result, command: str | None = None) -> str:
         "",
         ("Limit: the sum over a run's forwards of each forward's time measured alone (eq. 16 over the forwards "
          "actually made, prefill included); predicted = NTP loop's limit / the row's limit; share = measured / "
-         "predicted speedup over our NTP loop."),
+         "predicted speedup over our NTP loop. Near tie: an answer that parts from the greedy one where the "
+         "model's logits for the two tokens differ by less than float rounding can decide "
+         "(sbd/benchmarking/ties.py); ✗: a lossless row with any other difference."),
         "",
     ]
     has_acc = any(r.accuracy is not None for r in result.rows)
@@ -37,7 +39,9 @@ def bench_markdown(result, command: str | None = None) -> str:
         head += ["vs our NTP", "eq.-16 limit vs NTP", "share of limit"]
         lines += ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
         for r in rows:
-            same = f"{r.same_as_greedy}/{r.n}" + ("" if r.same_as_greedy == r.n or not r.lossless else " ✗")
+            ties = r.near_ties
+            same = f"{r.same_as_greedy}/{r.n}" + (f" (+{ties} near tie{'s' * (ties > 1)})" if ties else "")
+            same += "" if r.same_as_greedy + ties == r.n or not r.lossless else " ✗"
             cells = [r.method, f"{r.tokens_per_second:.0f}", _f(r.speedup_vs_hf, ".2f") + ("x" if r.speedup_vs_hf else ""),
                      _f(r.nfe, "d"), _f(r.tokens_per_forward, ".2f"), same]
             cells += [_f(None if r.accuracy is None else 100 * r.accuracy, ".1f")] if has_acc else []

@@ -1,7 +1,8 @@
 """One learning-curve point of the campaign (issue 27, item 4) per adapter: held-out tokens per forward
 of greedy sbd-verify with the masks alone (whole blocks, no lookup, a chain) and with the best
 configuration (`--best`), on held-out gsm_symbolic and on the mixed set, and whether every answer is
-the original model's Hugging Face greedy answer. Forward counts only (timing: tree_drafts.py).
+the original model's Hugging Face greedy answer (answers that part from it at a near tie, where float
+rounding decides, are counted apart: sbd/benchmarking/ties.py). Forward counts only (timing: tree_drafts.py).
 
     python benchmarks/smollm2/campaign/curve_point.py smollm2 runs/campaign/ab/cheap \
         --sets runs/campaign/eval/heldout_gsm.jsonl,runs/campaign/eval/heldout_other.jsonl --n 10 \
@@ -55,6 +56,7 @@ def main() -> None:
     import sbd
     from sbd import adapter as adapters
     from sbd import sampler_head as heads
+    from sbd.benchmarking.ties import near_ties
     from sbd.decoding.generate import encode_prompts
     from sbd.models.narrow_linear import linear_layers
     from sbd.tasks.prompts import load_prompts
@@ -94,13 +96,16 @@ def main() -> None:
                 kw = parse(config, args.block_size)
                 kw.pop("reuse_leftover", None)
                 nfe = tokens = same = 0
+                answers = []
                 for p, ref in zip(ids, refs[name]):
                     r = sbd.generate(model, tok, [p], max_new_tokens=args.max_new_tokens, **kw)
                     nfe += r.nfe[0]
                     tokens += len(r.token_ids[0])
                     same += r.token_ids[0] == ref
+                    answers.append(r.token_ids[0])
                 point[f"{name}_{label}_tpf"] = round(tokens / max(1, nfe), 3)
                 point[f"{name}_{label}_identical"] = f"{same}/{len(ids)}"
+                point[f"{name}_{label}_near_ties"] = near_ties(model, ids, answers, refs[name])  # ties.py
         print(json.dumps(point), flush=True)
         points.append(point)
         adapters.detach(model)
