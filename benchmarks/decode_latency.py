@@ -19,6 +19,7 @@ import sbd
 from sbd.models import tiny
 from sbd.decoding.cache import crop, slab_cache
 from sbd.masks import inference_mask
+from sbd.models.cache_arg import with_cache
 
 
 def build(vocab: int = 8192):
@@ -37,14 +38,14 @@ def forward_latency(model, context: int, width: int, n_commit: int, repeats: int
     ids = torch.randint(0, vocab, (1, context))
     with torch.inference_mode():
         model(input_ids=ids, position_ids=torch.arange(context)[None], attention_mask=inference_mask(pad, 0, context, 0),
-              past_key_values=cache, use_cache=True, logits_to_keep=1)
+              **with_cache(model, cache), use_cache=True, logits_to_keep=1)
         x = torch.randint(0, vocab, (1, width))
         pos = torch.arange(context, context + width)[None]
         mask = inference_mask(pad, context, n_commit, width - n_commit)
         times = []
         for i in range(repeats + 3):
             t = time.perf_counter()
-            model(input_ids=x, position_ids=pos, attention_mask=mask, past_key_values=cache, use_cache=True,
+            model(input_ids=x, position_ids=pos, attention_mask=mask, **with_cache(model, cache), use_cache=True,
                   logits_to_keep=width - n_commit if width > n_commit else 1)
             times.append(time.perf_counter() - t)
             crop(cache, width)
@@ -66,7 +67,7 @@ class Timed(torch.nn.Module):
     def _forward(self, input_ids, position_ids, attention_mask, past_key_values, use_cache=True, logits_to_keep=0):
         t = time.perf_counter()
         out = self.inner(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                         past_key_values=past_key_values, use_cache=use_cache, logits_to_keep=logits_to_keep)
+                         **with_cache(self.inner, past_key_values), use_cache=use_cache, logits_to_keep=logits_to_keep)
         self.seconds += time.perf_counter() - t
         self.calls += 1
         return out

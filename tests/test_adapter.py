@@ -21,6 +21,7 @@ from transformers import DynamicCache
 import sbd
 from sbd import adapter as adapters
 from sbd.errors import SBDError
+from sbd.models.cache_arg import with_cache
 from sbd.models import tiny
 from sbd.models.probe import probe_model
 from sbd.training.adapter_forward import adapter_logits, kl_sum, plain_adapter_logits
@@ -73,7 +74,7 @@ def test_committed_cache_is_the_original_models_prefill(llama):
     ids = torch.tensor([prompt[0] + out.token_ids[0]])[:, :length]
     ref = DynamicCache(config=llama.config)
     with torch.no_grad():
-        llama(input_ids=ids, past_key_values=ref, use_cache=True)
+        llama(input_ids=ids, **with_cache(llama, ref), use_cache=True)
     for (k, v), layer in zip(cached, ref.layers):
         assert (k - layer.keys).abs().max() <= 1e-4 and (v - layer.values).abs().max() <= 1e-4
 

@@ -15,6 +15,7 @@ from transformers import DynamicCache
 
 import sbd
 from sbd.masks import causal_mask
+from sbd.models.cache_arg import with_cache
 from sbd.models.probe import probe_model
 
 from conftest import random_prompts
@@ -95,7 +96,7 @@ def test_cache_after_each_commit_equals_a_causal_prefill(model):
     for (ids, pos), cached in zip(contexts, snapshots):
         ref = DynamicCache(config=model.config)
         with torch.no_grad():
-            model(input_ids=ids, position_ids=pos, past_key_values=ref, use_cache=True)
+            model(input_ids=ids, position_ids=pos, **with_cache(model, ref), use_cache=True)
         for (k, v), layer in zip(cached, ref.layers):
             assert k.shape == layer.keys.shape
             assert (k - layer.keys).abs().max() <= TOL and (v - layer.values).abs().max() <= TOL

@@ -13,6 +13,7 @@ import sbd
 from sbd.decoding.engine import Engine
 from sbd.decoding.rows import NTPRow, SBDRow, VerifyRow, eb_rule
 from sbd.errors import SBDError
+from sbd.models.cache_arg import with_cache
 from sbd.sampler import reveal_from_proxy
 
 from conftest import random_prompts
@@ -130,7 +131,7 @@ def test_each_rows_cache_equals_a_causal_prefill_of_its_tokens(model, method):
     for ids, cached in checks:
         ref = DynamicCache(config=model.config)
         with torch.no_grad():
-            model(input_ids=torch.tensor([ids]), past_key_values=ref, use_cache=True)
+            model(input_ids=torch.tensor([ids]), **with_cache(model, ref), use_cache=True)
         for (k, v), layer in zip(cached, ref.layers):
             assert (k - layer.keys[0]).abs().max() <= 1e-4 and (v - layer.values[0]).abs().max() <= 1e-4
 

@@ -16,6 +16,7 @@ from transformers import DynamicCache
 
 from sbd.decoding.engine import Engine
 from sbd.decoding.rows import make_row
+from sbd.models.cache_arg import with_cache
 
 from conftest import attach_random_adapter, _model
 
@@ -88,7 +89,7 @@ class CacheWatch:
         ids = self.context[id(row)][:n]
         assert len(ids) == n
         ref = DynamicCache(config=model.config)
-        model(input_ids=torch.tensor([ids]), past_key_values=ref, use_cache=True)
+        model(input_ids=torch.tensor([ids]), **with_cache(model, ref), use_cache=True)
         for (k, v), want in zip(self.snap[id(row)], ref.layers):
             assert (k[:, :n] - want.keys[0]).abs().max() <= 1e-4 and (v[:, :n] - want.values[0]).abs().max() <= 1e-4
 

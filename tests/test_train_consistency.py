@@ -13,6 +13,7 @@ import torch
 from sbd.models import tiny
 from sbd.decoding.cache import slab_cache
 from sbd.masks import inference_mask, training_mask
+from sbd.models.cache_arg import with_cache as cache_kwargs
 from sbd.training.collator import SBDDataCollator
 
 TOL = 1e-4
@@ -48,9 +49,9 @@ def _infer_block(model, prefix, block, with_cache):
         return model(input_ids=ids, position_ids=torch.arange(n + k)[None], attention_mask=mask).logits[0, n:]
     cache = slab_cache(model, n + k)
     model(input_ids=ids[:, :n], position_ids=torch.arange(n)[None], attention_mask=inference_mask(pad, 0, n, 0),
-          past_key_values=cache, use_cache=True)
+          **cache_kwargs(model, cache), use_cache=True)
     out = model(input_ids=ids[:, n:], position_ids=torch.arange(n, n + k)[None],
-                attention_mask=inference_mask(pad, n, 0, k), past_key_values=cache, use_cache=True)
+                attention_mask=inference_mask(pad, n, 0, k), **cache_kwargs(model, cache), use_cache=True)
     return out.logits[0]
 
 

@@ -21,6 +21,7 @@ import sbd
 from sbd import adapter as adapters
 from sbd.decoding import trees
 from sbd.decoding.cache import SlotLayer
+from sbd.models.cache_arg import with_cache
 from sbd.decoding.engine import Engine, Feed
 from sbd.decoding.rows import NTPRow, VerifyRow, make_row
 from sbd.masks import tree_mask
@@ -191,7 +192,7 @@ def _assert_cache_is_prefill(model, engine, tokens_of):
         assert len(ids) == n
         ref = DynamicCache(config=model.config)
         with torch.no_grad():
-            model(input_ids=torch.tensor([ids]), past_key_values=ref, use_cache=True)
+            model(input_ids=torch.tensor([ids]), **with_cache(model, ref), use_cache=True)
         for layer, want in zip(engine.cache.layers, ref.layers):
             assert (layer._k[i, :, :n] - want.keys[0]).abs().max() <= 1e-4
             assert (layer._v[i, :, :n] - want.values[0]).abs().max() <= 1e-4

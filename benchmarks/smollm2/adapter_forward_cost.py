@@ -37,6 +37,7 @@ def main() -> None:
     from sbd.benchmarking.forward_cost import _prefilled
     from sbd.decoding.cache import crop
     from sbd.masks import inference_mask
+    from sbd.models.cache_arg import with_cache
 
     model, _ = sbd.load(args.model)
     adapter = adapter_of(model)
@@ -54,7 +55,7 @@ def main() -> None:
             ids = torch.randint(3, vocab, (1, w), generator=gen)
             pos = (args.cached + torch.arange(w))[None]
             kw = dict(input_ids=ids, position_ids=pos, attention_mask=inference_mask(pad, args.cached, c, w - c),
-                      past_key_values=cache, use_cache=True, logits_to_keep=w)
+                      **with_cache(model, cache), use_cache=True, logits_to_keep=w)
             calls += [((w, c, None), kw)] if w == 1 else [((w, c, None), kw), ((w, c, c), kw)]
         for round_ in range(args.repeats + 2):
             for key, kw in calls:

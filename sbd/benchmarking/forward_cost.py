@@ -22,6 +22,7 @@ from ..decoding.cache import crop, slab_cache
 from ..decoding.generate import context_limit
 from ..errors import SBDError
 from ..masks import inference_mask
+from ..models.cache_arg import with_cache
 from ..modes import eval_mode
 
 WIDTHS = (1, 2, 4, 8, 16, 32, 64)
@@ -61,7 +62,7 @@ def _prefilled(model, batch: int, cached: int, room: int, device, generator):
             ids = torch.randint(3, vocab, (batch, n), generator=generator).to(device)
             pos = (start + torch.arange(n, device=device))[None].expand(batch, -1)
             model(input_ids=ids, position_ids=pos, attention_mask=inference_mask(pad, start, n, 0),
-                  past_key_values=cache, use_cache=True, logits_to_keep=1)
+                  **with_cache(model, cache), use_cache=True, logits_to_keep=1)
     return cache, pad
 
 
@@ -94,7 +95,7 @@ def time_forwards(model, shapes: Iterable[Shape], repeats: int = 10, warmup: int
                 mask = inference_mask(pad, cached, s.commit, s.width - s.commit)
                 keep = max(1, s.width - s.commit)
                 calls.append((s, dict(input_ids=ids, position_ids=pos, attention_mask=mask,
-                                      past_key_values=cache, use_cache=True, logits_to_keep=keep)))
+                                      **with_cache(model, cache), use_cache=True, logits_to_keep=keep)))
             times: dict[Shape, list[float]] = {s: [] for s in group}
             for round_ in range(warmup + repeats):
                 for s, kw in calls:

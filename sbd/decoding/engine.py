@@ -28,6 +28,7 @@ import torch
 from ..adapter import adapter_of
 from ..errors import SBDError
 from ..masks import tree_mask
+from ..models.cache_arg import cache_name
 from ..sampler_head import Drafting, capture_output_input, head_of
 from .cache import slot_cache
 
@@ -166,6 +167,7 @@ class Engine:
         self.call = model if call is None else call
         self.prefill = prefill
         self.keep_kw = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.cache_kw = cache_name(model)  # transformers >= 5.24 calls it `cache`
         self.adapter = adapter_of(model)
         self.sampler_head = head_of(model)  # drafts with it while it is enabled (`sbd.sampler_head`)
 
@@ -279,7 +281,7 @@ class Engine:
         head = self._drafting_head(rows, call)
         try:
             with capture_output_input(self.model) if head is not None else contextlib.nullcontext() as box:
-                out = call(input_ids=tokens, position_ids=pos, attention_mask=mask, past_key_values=self.cache,
+                out = call(input_ids=tokens, position_ids=pos, attention_mask=mask, **{self.cache_kw: self.cache},
                            use_cache=True, **kw)
         finally:
             if self.adapter is not None:

@@ -19,6 +19,7 @@ import torch
 from transformers import DynamicCache
 
 from ..adapter import gated
+from ..models.cache_arg import with_cache
 from ..models.narrow_linear import uses_narrow_linear
 
 # The widths timed; a verify step with draft d is 2d + 2 wide. Both sides of every multiple of 8: narrow
@@ -36,7 +37,7 @@ def _timed(model, ids, cache, past: int, device) -> float:
     w = ids.shape[1]
     t = time.perf_counter()
     with gated(model, w // 2 if w > 1 else None):  # a verify forward: head and draft, then the gated masks
-        model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=w)
+        model(input_ids=ids, position_ids=pos, **with_cache(model, cache), use_cache=True, logits_to_keep=w)
     if device.type == "cuda":
         torch.cuda.synchronize()
     cache.crop(-ids.shape[1])  # back to the prompt (transformers 5: a negative count to drop)
@@ -56,7 +57,7 @@ def relative_costs(model, batch: int = 1, context: int = 64, repeats: int = 3) -
     cache = DynamicCache(config=model.config)
     times: dict[int, list[float]] = {w: [] for w in WIDTHS}
     with torch.inference_mode():
-        model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        model(input_ids=prompt, **with_cache(model, cache), use_cache=True, logits_to_keep=1)
         inputs = {w: torch.randint(0, vocab, (batch, w), generator=g).to(device) for w in WIDTHS}
         for w in WIDTHS:  # warm-up
             _timed(model, inputs[w], cache, context, device)

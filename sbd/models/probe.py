@@ -13,6 +13,7 @@ from ..adapter import adapter_of, gated
 from ..errors import SBDError
 from ..masks import inference_mask
 from ..modes import eval_mode
+from .cache_arg import with_cache
 from .slab import slab_cache
 
 
@@ -38,7 +39,7 @@ def probe_model(model, prefix_len: int = 8, block: int = 4, seed: int = 0) -> No
 
     def run(input_ids, position_ids, mask, cache=None):
         return model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
-                     past_key_values=cache, use_cache=cache is not None).logits
+                     **with_cache(model, cache), use_cache=cache is not None).logits
 
     with torch.no_grad():
         for pname, param in model.named_parameters():

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from ..adapter import adapter_of, gated
 from ..errors import SBDError
+from ..models.cache_arg import with_cache
 from ..sampler_head import capture_output_input
 from .collator import IGNORE
 
@@ -127,7 +128,7 @@ def adapter_logits(model, inputs: dict, labels: torch.Tensor, num_clean: int,
     base_logits = kl_valid = None
     with torch.no_grad(), gated(model, None):  # causal: right padding is never seen by a real position
         hidden = _backbone(model)(input_ids=ids[:, :c], position_ids=pos[:, :c], attention_mask=None,
-                                  past_key_values=cache, use_cache=True).last_hidden_state
+                                  **with_cache(model, cache), use_cache=True).last_hidden_state
         if src is not None:
             kl_valid = src >= 1
             rows = keep.nonzero()[:, 0]
@@ -137,7 +138,7 @@ def adapter_logits(model, inputs: dict, labels: torch.Tensor, num_clean: int,
     capture = capture_output_input(model) if with_hidden else contextlib.nullcontext()
     with gated(model, 0), grad_from_layer(model, grad_layer), capture as box:
         logits = model(input_ids=ids[:, n:], position_ids=pos[:, n:], attention_mask=noisy_mask,
-                       past_key_values=cache, use_cache=True, logits_to_keep=keep).logits
+                       **with_cache(model, cache), use_cache=True, logits_to_keep=keep).logits
     hidden = _labelled_rows(box[0], keep, n) if with_hidden else None
     return AdapterOutputs(_labelled_rows(logits, keep, n), base_logits, kl_valid, hidden)
 

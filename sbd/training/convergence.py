@@ -28,6 +28,7 @@ from ..adapter import gated
 from ..decoding.cache import select_rows, slab_cache
 from ..errors import SBDError
 from ..masks import causal_mask
+from ..models.cache_arg import with_cache
 from ..modes import eval_mode
 from ..sampler import error_proxy
 
@@ -136,7 +137,7 @@ def _score_sequence(model, ids: list[int], start: int, k: int, mask_id: int, eos
     cache = slab_cache(model, n + k)
     causal = model(input_ids=x, position_ids=torch.arange(n, device=device)[None],
                    attention_mask=causal_mask(torch.zeros(1, dtype=torch.long, device=device), n),
-                   past_key_values=cache, use_cache=True).logits[0]
+                   **with_cache(model, cache), use_cache=True).logits[0]
     targets = torch.arange(start, n, device=device)                   # one row per scored token
     rows = targets.numel()
     offset = targets - start
@@ -153,7 +154,7 @@ def _score_sequence(model, ids: list[int], start: int, k: int, mask_id: int, eos
     with gated(model, 0):  # a drafting adapter acts on the block (the whole of this forward)
         logits = model(input_ids=block, position_ids=pos,
                        attention_mask=attend[:, None, None, :].expand(rows, 1, k, n + k),
-                       past_key_values=cache, use_cache=True).logits.float()
+                       **with_cache(model, cache), use_cache=True).logits.float()
     logits[..., mask_id] = torch.finfo(logits.dtype).min
     left = logits[torch.arange(rows, device=device), j]                 # (rows, V)
     truth = x[0, targets]

@@ -35,6 +35,7 @@ def old_two_pass(model, inputs, labels, n, source):
     from transformers import DynamicCache
 
     from sbd.adapter import gated
+    from sbd.models.cache_arg import with_cache
     from sbd.training.adapter_forward import AdapterOutputs, _backbone
     from sbd.training.collator import IGNORE
 
@@ -43,13 +44,13 @@ def old_two_pass(model, inputs, labels, n, source):
     cache = DynamicCache()
     with torch.no_grad(), gated(model, None):
         hidden = _backbone(model)(input_ids=ids[:, :n], position_ids=pos[:, :n], attention_mask=mask[:, :, :n, :n],
-                                  past_key_values=cache, use_cache=True).last_hidden_state
+                                  **with_cache(_backbone(model), cache), use_cache=True).last_hidden_state
         src = source[keep]
         rows = keep.nonzero()[:, 0]
         base = model.get_output_embeddings()(hidden[rows, (src - 1).clamp_min(0)])
     with gated(model, 0):
         logits = model(input_ids=ids[:, n:], position_ids=pos[:, n:], attention_mask=mask[:, :, n:, :],
-                       past_key_values=cache, use_cache=True, logits_to_keep=keep).logits
+                       **with_cache(model, cache), use_cache=True, logits_to_keep=keep).logits
     return AdapterOutputs(logits, base, src >= 1)
 
 
