@@ -6,8 +6,8 @@ as compressed shards of token ids into benchmarks/smollm2/data/campaign/ (what g
     python benchmarks/smollm2/campaign/pack.py unpack [--work runs/campaign]
 
 A shard holds the records whose prompt index falls in its range (SHARD prompts), sorted by index, each
-`{"index", "source", "prompt_ids", "completion_ids"}`; the sources come from the prompt file. Only
-shards whose content changed are rewritten.
+`{"index", "source", "prompt_ids", "completion_ids"}` (+ `"by"` for the answers distill_vllm.py made); the
+sources come from the prompt file. Only shards whose content changed are rewritten.
 """
 
 from __future__ import annotations
@@ -28,6 +28,11 @@ def _sources(work: Path) -> list[str]:
         return [json.loads(line)["source"] for line in f]
 
 
+def _by(rec: dict) -> dict:
+    """What made the answer when it was not `sbd distill` (distill_vllm.py marks its records "by")."""
+    return {"by": rec["by"]} if "by" in rec else {}
+
+
 def pack(work: Path) -> None:
     sources = _sources(work)
     shards: dict[int, list[dict]] = {}
@@ -39,7 +44,7 @@ def pack(work: Path) -> None:
                 continue
             i = rec["index"]
             shards.setdefault(i // SHARD, []).append({"index": i, "source": sources[i], "prompt_ids": rec["prompt_ids"],
-                                                      "completion_ids": rec["completion_ids"]})
+                                                      "completion_ids": rec["completion_ids"], **_by(rec)})
     DATA.mkdir(parents=True, exist_ok=True)
     total = 0
     for k, recs in sorted(shards.items()):
@@ -74,7 +79,7 @@ def unpack(work: Path) -> None:
                 r = json.loads(line)
                 f.write(json.dumps({"index": r["index"], "source": given, "prompt": tokenizer.decode(r["prompt_ids"]),
                                     "completion": tokenizer.decode(r["completion_ids"], skip_special_tokens=True),
-                                    "prompt_ids": r["prompt_ids"], "completion_ids": r["completion_ids"]}) + "\n")
+                                    "prompt_ids": r["prompt_ids"], "completion_ids": r["completion_ids"], **_by(r)}) + "\n")
                 n += 1
     tmp.replace(out)
     shutil.copyfile(DATA / "distill.jsonl.meta.json", work / "distill.jsonl.meta.json")
