@@ -126,6 +126,13 @@ def test_command_line(tmp_path, capsys):
     assert code == 0
     assert {p.name for p in out.iterdir()} == {"bench.json", "bench.md", "bench.png"}
     assert "SBD γ=inf, block 4" in capsys.readouterr().out
+    # --n takes the first N prompts of the file (all of them without it)
+    for n, want in ((1, 1), (None, 2)):
+        code = main(["bench", "--model", str(tmp_path / "m"), "--prompts", str(prompts), "--methods", "ntp",
+                     "--max-new-tokens", "2", "--repeats", "1", "--out", str(out), "--no-progress"]
+                    + (["--n", str(n)] if n else []))
+        assert code == 0 and json.loads((out / "bench.json").read_text())["rows"][0]["n"] == want
+    capsys.readouterr()
     assert main(["bench", "--model", str(tmp_path / "m"), "--prompts", str(tmp_path / "none.txt"),
                  "--out", str(out)]) == 2
     assert "does not exist" in capsys.readouterr().err

@@ -33,7 +33,9 @@ def add_bench_parser(sub):
     p.add_argument("--task", type=_argtype(parse_tasks), default=None, metavar="NAME[,NAME]",
                    help=f"held-out task problems as prompts, scored for accuracy (default: {DEFAULT_TASKS} "
                         "unless --prompts is given)")
-    p.add_argument("--n", type=_positive, default=10, help="problems per task, or random prompts with --shape (default: 10)")
+    p.add_argument("--n", type=_positive, default=None,
+                   help="problems per task, random prompts with --shape (default: 10), or the first N of --prompts "
+                        "(default: all of them)")
     p.add_argument("--prompts", metavar="SOURCE", default=None,
                    help="prompts instead of task problems (no accuracy column): FILE.txt (one per line, \\n for a line "
                         "break), FILE.jsonl ({prompt} or {messages} per line), task:NAME?split=test&n=N or "
@@ -80,10 +82,11 @@ def _prompts(args) -> tuple[list, list[dict] | None]:
     if args.prompts:
         from ..tasks.prompts import load_prompts
 
-        return load_prompts(args.prompts), None
+        prompts = load_prompts(args.prompts)
+        return (prompts if args.n is None else prompts[:args.n]), None
     from ..tasks import make_split
 
-    examples = [ex for t in (args.task or parse_tasks(DEFAULT_TASKS)) for ex in make_split(t, "test", args.n, args.seed)]
+    examples = [ex for t in (args.task or parse_tasks(DEFAULT_TASKS)) for ex in make_split(t, "test", args.n or 10, args.seed)]
     return [ex["prompt"] for ex in examples], examples
 
 
@@ -110,7 +113,7 @@ def cmd_bench(args) -> dict:
         g = torch.Generator().manual_seed(args.seed)
         vocab = model.config.vocab_size
         prompts, examples = [torch.randint(3, vocab - 1, (args.prompt_tokens,), generator=g).tolist()
-                             for _ in range(args.n)], None
+                             for _ in range(args.n or 10)], None
     assistant = load(args.assistant, device=args.device)[0] if args.assistant else None
     result = bench(model, tokenizer, prompts, methods, batch_sizes=args.batch_size, repeats=args.repeats,
                    max_new_tokens=args.max_new_tokens, examples=examples, assistant=assistant,
