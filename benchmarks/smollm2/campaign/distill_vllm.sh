@@ -23,7 +23,7 @@ python benchmarks/smollm2/campaign/distill_vllm.py prepare --work "$WORK"
 # vLLM keeps one core for the host unless told otherwise: both cores to the model here
 VLLM_CPU_KVCACHE_SPACE=4 OMP_NUM_THREADS=2 VLLM_CPU_OMP_THREADS_BIND=0-1 VLLM_CPU_NUM_OF_RESERVED_CPU=0 \
   "$VENV/bin/python" benchmarks/smollm2/campaign/distill_vllm.py run --work "$WORK" --model "$MODEL" --limit "${LIMIT:-1024}"
-# checking every answer costs a third of making it: a seeded sample of CHECK (default 128) per call, CHECK=all for all
+# checking every answer costs about as much as making it: a seeded sample of CHECK (default 128) per call, CHECK=all for all
 if [ "${CHECK:-128}" = all ]; then python benchmarks/smollm2/campaign/distill_vllm.py check --work "$WORK" --drop
 else python benchmarks/smollm2/campaign/distill_vllm.py check --work "$WORK" --drop --sample "${CHECK:-128}"; fi
 python benchmarks/smollm2/campaign/pack.py pack --work "$WORK"
