@@ -40,6 +40,13 @@ def sequences_seen(folder: Path) -> int | None:
     return start + int(st["global_step"]) * int(cfg["batch_size"]) * int(cfg.get("grad_accum", 1))
 
 
+def machine() -> str:
+    """The machine and library versions a point was measured with (points are compared across sessions)."""
+    import transformers
+
+    return f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}, transformers {transformers.__version__}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("adapters", nargs="+", help="smollm2 (shipped) or adapter folders")
@@ -89,8 +96,9 @@ def main() -> None:
         if heads.has_head(folder):  # its sampler head drafts with the masks
             heads.load(model, folder)
         point = {"adapter": spec, "sampler_head": heads.head_of(model) is not None, "sequences_seen": seen, "block_size": args.block_size, "n": args.n,
+                 "sets": args.sets,
                  "max_new_tokens": args.max_new_tokens, "best": args.best, "date": time.strftime("%Y-%m-%d"),
-                 "machine": f"{platform.machine()}, torch {torch.__version__}"}
+                 "machine": machine()}
         for name, ids in sets.items():
             for label, config in (("masks", "chain"), ("best", args.best)):
                 kw = parse(config, args.block_size)
