@@ -5,7 +5,7 @@ sequences and against the distinct answers it was trained on.
     python benchmarks/smollm2/campaign/curve_table.py            # prints the table, writes curve.png
 
 Points are measured with different prompt counts (`n`) and, before session 3, with leftover drafts on;
-the table says which, and the plot joins only points measured alike (leftover drafts off). Two points of
+the table says which, and the plot joins only points measured alike (leftover drafts off, with the sampler head). Two points of
 one session on the same prompts (one process) are the fair comparison; across sessions a 1–2% change is
 within what 10 prompts move.
 """
@@ -65,12 +65,12 @@ def plot(points: list[dict], path: Path) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--curve", type=Path, default=HERE / "curve.json")
-    ap.add_argument("--plot", type=Path, default=HERE / "curve.png", help="where the plot goes ('' for none)")
+    ap.add_argument("--plot", default=str(HERE / "curve.png"), help="where the plot goes ('' for none)")
     args = ap.parse_args()
     points = json.loads(args.curve.read_text())
     print("\n".join(rows(points)))
-    if str(args.plot):
-        plot(points, args.plot)
+    if args.plot:
+        plot(points, Path(args.plot))
 
 
 if __name__ == "__main__":
