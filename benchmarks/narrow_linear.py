@@ -42,6 +42,8 @@ def main(argv=None) -> int:
     p.add_argument("--widths", default="1,2,3,4,6,8,9,12,16,17,24,32,48,64")
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--onednn", action="store_true",
+                   help="add a third form: oneDNN's inner product (torch's mkldnn_linear) on pre-converted weights")
     p.add_argument("--out", default=None, help="markdown file for the table")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -49,6 +51,9 @@ def main(argv=None) -> int:
     widths = [int(w) for w in args.widths.split(",")]
     inputs = {w: {n: torch.randn(w, n) for n in {m.shape[1] for m in weights}} for w in widths}
     forms = {"F.linear": lambda x, m: torch.nn.functional.linear(x, m), "narrow": lambda x, m: narrow_linear(x, m, None)}
+    if args.onednn:  # oneDNN's inner product on a copy of each weight in its own layout (x converted per call)
+        packed = {id(m): m.to_mkldnn() for m in weights}
+        forms["oneDNN"] = lambda x, m: torch._C._nn.mkldnn_linear(x.to_mkldnn(), packed[id(m)], None).to_dense()
     times = {(f, w): [] for f in forms for w in widths}
     with torch.inference_mode():
         for r in range(args.repeats + 1):  # round 0 warms up
@@ -61,18 +66,26 @@ def main(argv=None) -> int:
                     if r:
                         times[(f, w)].append(time.perf_counter() - t)
     one = statistics.median(times[("F.linear", 1)])
-    lines = [f"# Linear layers of the {args.shape} shape: time relative to F.linear at w = 1 ({one * 1e3:.1f} ms)",
-             "", f"`python {' '.join(sys.argv)}` — {platform.processor() or platform.machine()}, torch {torch.__version__}, "
-             f"{args.threads} threads, float32, medians of {args.repeats}.", "",
+    title = f"# Linear layers of the {args.shape} shape: time relative to F.linear at w = 1 ({one * 1e3:.1f} ms)"
+    setup = f"{args.threads} threads, float32, medians of {args.repeats}."
+    write_table(title, setup, list(forms), widths, times, one, args.out)
+    return 0
+
+
+def write_table(title, setup, forms, widths, times, one, out=None) -> str:
+    """Print (and write to `out`) the markdown table of median times per form and width, relative to `one`,
+    under a title and the exact command. Shared with forward_forms.py."""
+    lines = [title, "", f"`python {' '.join(sys.argv)}` — {platform.processor() or platform.machine()}, torch "
+             f"{torch.__version__}, {setup}", "",
              "| form | " + " | ".join(f"w={w}" for w in widths) + " |", "|---|" + "---:|" * len(widths)]
     for f in forms:
         lines.append(f"| {f} | " + " | ".join(f"{statistics.median(times[(f, w)]) / one:.2f}" for w in widths) + " |")
     text = "\n".join(lines) + "\n"
     print(text)
-    if args.out:
-        with open(args.out, "w") as fh:
+    if out:
+        with open(out, "w") as fh:
             fh.write(text)
-    return 0
+    return text
 
 
 if __name__ == "__main__":

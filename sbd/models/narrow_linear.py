@@ -17,7 +17,8 @@ torch's matrix-vector product (MKL's gemv on this class of machine) runs on one 
 the weights at about 12 GB/s, slower than its matrix product even on one thread; two columns take
 the matrix product, on every thread. Measured on SmolLM2-135M (2-core AMD EPYC, torch 2.13 with MKL
 2024.2): a one-token forward 55 → 31 ms; its 49152 × 576 output layer alone 9.5 → 3.0 ms
-(docs/performance.md, "One-token forwards"). With the weights in the cache (the demo model) the
+(docs/performance.md, "Narrow forwards"); on a Zen 4 with AVX-512, 57 → 36 ms
+(benchmarks/results/forward_forms_smollm2.md). With the weights in the cache (the demo model) the
 matrix-vector product is the faster one and stays. Long forwards (prefill) and anything that needs
 gradients are left to `torch.nn.functional.linear`.
 

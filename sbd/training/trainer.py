@@ -119,7 +119,7 @@ class SBDTrainer(Trainer):
                  processing_class=None, *, mode: str = "sbd", metrics_file=None, show_progress: bool = True,
                  convergence_examples=None, convergence_steps: int | None = None, convergence_block_size: int = 16,
                  kl_weight: float = 0.0, grad_layer: int = 0, position_decay: float | None = None,
-                 sampler_head: str | None = None, sampler_head_weight: float = 1.0, **kwargs):
+                 sampler_head: str | None = None, sampler_head_weight: float = 1.0, bf16: bool = False, **kwargs):
         if mode not in MODES:
             raise SBDError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
         if mode == "adapter" and adapter_of(model) is None:
@@ -133,6 +133,7 @@ class SBDTrainer(Trainer):
         if model is None or train_dataset is None:
             raise SBDError("SBDTrainer needs a model and a train_dataset")
         _check_head_options(model, mode, sampler_head, sampler_head_weight, kl_weight, grad_layer)
+        autocast_device = _bf16_device(model) if bf16 else None
         model_mask = getattr(model.config, "sbd_mask_token_id", None)
         if data_collator is None:
             data_collator = SBDDataCollator(processing_class, mask_token_id=model_mask)
@@ -156,6 +157,7 @@ class SBDTrainer(Trainer):
         self.position_decay = position_decay
         self.head_mode = sampler_head
         self.head_weight = float(sampler_head_weight)
+        self.autocast_device = autocast_device  # "cpu"/"cuda": forward and loss under bf16 autocast; None: off
         self.noise_seed = data_collator.seed if data_collator.seed is not None else args.seed
         self.loss_is_scaled_for_ga = True  # compute_loss divides by the whole step's target count
         # logits only at labelled positions (both modes) and, on CPU with SDPA, causal attention for the
@@ -256,6 +258,12 @@ class SBDTrainer(Trainer):
 
     # -- loss ------------------------------------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if self.autocast_device is None:
+            return self._compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        with torch.autocast(self.autocast_device, dtype=torch.bfloat16):
+            return self._compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    def _compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         inputs = dict(inputs)
         labels = inputs.pop("labels")
         num_clean = inputs.pop("num_clean")
@@ -401,6 +409,26 @@ class SBDTrainer(Trainer):
         self.accelerator.wait_for_everyone()
 
 
+def cpu_computes_bf16() -> bool:
+    """Whether this CPU has oneDNN's bfloat16 path (AVX-512 or AMX), so that bf16 autocast pays."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def _bf16_device(model) -> str:
+    """Where bf16 autocast runs for `model`; SBDError where it would not pay (emulated bfloat16)."""
+    device = next(model.parameters()).device.type
+    if device == "cuda":
+        if not torch.cuda.is_bf16_supported():
+            raise SBDError("bf16: this GPU has no bfloat16 support; leave bf16 off")
+        return device
+    if device != "cpu":
+        raise SBDError(f"bf16 autocast is supported on cpu and cuda, not {device}")
+    if not cpu_computes_bf16():
+        raise SBDError("bf16: this CPU has no bfloat16 path (oneDNN needs AVX-512 or AMX); emulated it runs many "
+                       "times slower than float32: leave bf16 off")
+    return device
+
+
 def _check_head_options(model, mode, head_mode, weight, kl_weight, grad_layer) -> None:
     """One-line SBDError for a sampler head setting that cannot work; "only" freezes the adapter."""
     if head_mode not in HEAD_MODES:
@@ -509,9 +537,10 @@ class _ProgressBar(TrainerCallback):
             self.bar.write(f"step {state.global_step}: held-out masked accuracy {logs['masked_acc']:.1f}% vs NTP "
                            f"{logs['ntp_acc']:.1f}% (gap {logs['gap']:+.1f} points)")
         if self.bar is not None and logs and "loss" in logs:
-            post = {"loss": f"{logs['loss']:.3f}", "ntp": f"{logs.get('ntp_loss', math.nan):.3f}"}
-            if "matp_loss" in logs:
-                post["matp"] = f"{logs['matp_loss']:.3f}"
+            post = {"loss": f"{logs['loss']:.3f}"}
+            for key, name in (("ntp_loss", "ntp"), ("matp_loss", "matp"), ("kl", "kl"), ("head_loss", "head")):
+                if key in logs:  # what this run trains (an adapter has no next-token loss)
+                    post[name] = f"{logs[key]:.3f}"
             post["tok/s"] = f"{logs.get('tokens_per_s', 0):.0f}"
             self.bar.set_postfix(post, refresh=False)
 

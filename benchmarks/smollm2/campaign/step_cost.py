@@ -10,7 +10,8 @@ trained), backward and AdamW. Reported per sequence and per trained target, medi
 - upper: + autograd only from layer 15 of 30 up (`--train-layers-from 15`)
 - cheap: `upper` on batches of similar length (`--group-by-length`: 8 neighbours in length order),
   against `today` on random batches: what a user of both option sets gets per sequence
-- bf16 (`--variants ...,bf16`): `causal` under bf16 autocast. This CPU has no AVX-512 BF16.
+- bf16 (`--variants ...,bf16`): `causal` under bf16 autocast; cheap_bf16: `cheap` under bf16 autocast
+  (pays only on a CPU with AVX-512 BF16 or AMX; elsewhere bf16 is emulated and many times slower)
 
 The padding that `--group-by-length` removes is also counted exactly over the whole data: clean tokens
 computed (batch × longest) per real token, random batches against length-grouped ones.
@@ -61,7 +62,9 @@ VARIANTS = {  # name: (forward, group by length, noisy blocks, grad layer, bf16)
     "upper": ("new", False, 4, 15, False),
     "cheap": ("new", True, 4, 15, False),
     "bf16": ("new", False, None, 0, True),
+    "cheap_bf16": ("new", True, 4, 15, True),
 }
+TWINS = {"bf16": "causal", "cheap_bf16": "cheap"}  # a bf16 variant's float32 twin: gradients compared when both run
 DEFAULT_VARIANTS = "today,causal,blocks4,upper,cheap"
 
 
@@ -107,7 +110,10 @@ def main() -> None:
     times = {v: [] for v in names}
     per_target = {v: [] for v in names}
     k = args.block_size
+    cosines = {v: [] for v in names}
+    loss_ratio = {v: [] for v in names}
     for r in range(args.warmup + args.rounds):
+        grads, losses = {}, {}
         plain = rng.sample(range(len(data)), args.batch)
         at = rng.randrange(len(order) - args.batch)
         grouped = order[at : at + args.batch]
@@ -136,6 +142,12 @@ def main() -> None:
             parts = sbd_loss(out.logits, labels, n)
             loss = parts.loss + kl_sum(out.logits, out.base_logits, out.kl_valid) / parts.matp_count.clamp_min(1)
             loss.backward()
+            grads[name] = torch.cat([p.grad.flatten() for p in ad.parameters() if p.grad is not None])
+            twin = TWINS.get(name)
+            if r >= args.warmup and twin in grads:  # same batch, noise and start: the bf16 step against float32's
+                cosines[name].append(torch.nn.functional.cosine_similarity(grads[name], grads[twin], dim=0).item())
+                loss_ratio[name].append(loss.item() / losses[twin])
+            losses[name] = loss.item()
             opt.step()
             opt.zero_grad(set_to_none=True)
             dt = time.perf_counter() - t0
@@ -157,6 +169,11 @@ def main() -> None:
     for v in names:
         ratio = f"{base / med[v]:.2f}x cheaper" if base else "-"
         lines.append(f"| {v} | {med[v]:.2f} | {1000 * med_t[v]:.1f} | {3600 / med[v]:.0f} | {ratio} |")
+    for v in names:
+        if cosines[v]:
+            lines += ["", f"{v} against {TWINS[v]} on the same batches and start (float32): gradient cosine "
+                      f"min {min(cosines[v]):.4f} / median {statistics.median(cosines[v]):.4f}; loss ratio "
+                      f"{min(loss_ratio[v]):.4f}–{max(loss_ratio[v]):.4f} over {len(cosines[v])} rounds."]
     lines += ["", f"Padding in the clean half over all {len(data)} sequences at batch {args.batch}: "
               f"{pad_random:.2f} tokens computed per real token with random batches, {pad_grouped:.2f} grouped by "
               f"length ({pad_random / pad_grouped:.2f}x less)."]

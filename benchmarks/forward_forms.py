@@ -1,0 +1,89 @@
+"""What the linear-layer form does to a whole forward: SmolLM2-135M (the shipped model, no adapter gate)
+over a cached prompt, at several widths, with sbd's narrow layers (`sbd.models.narrow_linear`), with
+torch's own `F.linear` (stock transformers), and with oneDNN's inner product for forwards of at least
+--onednn-from positions (narrow below). Forms and widths interleaved round by round, medians; every time
+relative to the narrow 1-token forward (sbd's NTP step).
+
+    python benchmarks/forward_forms.py --threads 2 --out benchmarks/results/forward_forms_smollm2.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+from narrow_linear import write_table  # this folder's sibling script
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--widths", default="1,2,4,8,9,12,16,17,24,32")
+    p.add_argument("--context", type=int, default=300, help="cached tokens before each timed forward")
+    p.add_argument("--onednn-from", type=int, default=9, help="oneDNN takes forwards at least this wide")
+    p.add_argument("--repeats", type=int, default=6)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", default=None, help="markdown file for the table")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    from transformers import DynamicCache
+
+    import sbd
+    from sbd.models import narrow_linear as nl
+    from sbd.models.cache_arg import with_cache
+
+    model, _ = sbd.load(args.model, sampler_head=False)
+    model.eval()
+    packed = {id(m): m.weight.to_mkldnn() for m in model.modules()
+              if isinstance(m, torch.nn.Linear) and m.weight.numel() > 1 << 16}
+    narrow_forward = nl.NarrowLinear.forward
+
+    def onednn_forward(self, x):
+        m = x.numel() // x.shape[-1]
+        if m >= args.onednn_from and id(self) in packed and not torch.is_grad_enabled():
+            y = torch._C._nn.mkldnn_linear(x.reshape(m, -1).to_mkldnn(), packed[id(self)], None).to_dense()
+            y = y if self.bias is None else y + self.bias
+            return y.reshape(*x.shape[:-1], -1)
+        return narrow_forward(self, x)
+
+    vocab = model.get_input_embeddings().num_embeddings
+    g = torch.Generator().manual_seed(0)
+    widths = [int(w) for w in args.widths.split(",")]
+    inputs = {w: torch.randint(0, vocab, (1, w), generator=g) for w in widths}
+    cache = DynamicCache(config=model.config)
+    forms = ("narrow", "F.linear", "oneDNN")
+    times = {(f, w): [] for f in forms for w in widths}
+    try:
+        with torch.inference_mode():
+            model(input_ids=torch.randint(0, vocab, (1, args.context), generator=g), **with_cache(model, cache),
+                  use_cache=True, logits_to_keep=1)
+            for r in range(args.repeats + 1):  # round 0 warms up
+                for w in widths:
+                    for f in forms:
+                        nl.use_narrow_linear(model, f != "F.linear")
+                        nl.NarrowLinear.forward = onednn_forward if f == "oneDNN" else narrow_forward
+                        pos = torch.arange(args.context, args.context + w)[None]
+                        t = time.perf_counter()
+                        model(input_ids=inputs[w], position_ids=pos, **with_cache(model, cache), use_cache=True,
+                              logits_to_keep=w)
+                        dt = time.perf_counter() - t
+                        cache.crop(-w)
+                        if r:
+                            times[(f, w)].append(dt)
+    finally:
+        nl.NarrowLinear.forward = narrow_forward
+    one = statistics.median(times[("narrow", 1)])
+    title = (f"# Whole {args.model} forwards by linear-layer form: time relative to the narrow 1-token forward "
+             f"({one * 1e3:.1f} ms)")
+    setup = (f"{args.threads} threads, float32, {args.context} cached tokens, medians of {args.repeats}. oneDNN from "
+             f"{args.onednn_from} positions (narrow below).")
+    write_table(title, setup, forms, widths, times, one, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
