@@ -200,27 +200,6 @@ def walk(values, m: int) -> list[int]:
     return out
 
 
-def follows(values, m: int, depth: int) -> list[dict]:
-    """The head's pick at each of the first `depth` positions given the token before it, from a
-    `draft_table` read on the host (m positions): follows[d][t] is the token the head drafts at position d
-    when position d − 1 holds candidate t (d = 0: key None, the next-token head's token). Tree drafts
-    extend each branch with it (`sbd.decoding.trees.beam_paths`), so a branch that leaves the masks'
-    top-1 chain goes on as the head would draft after its own token."""
-    if m == 0:
-        return []
-    k = len(values) // (2 * m)
-    cand, best = [int(v) for v in values[: m * k]], [int(v) for v in values[m * k :]]
-    out: list[dict] = []
-    for d in range(min(depth, m)):
-        row = cand[d * k : (d + 1) * k]
-        if d == 0:
-            out.append({None: row[best[0]]})
-        else:
-            before = cand[(d - 1) * k : d * k]
-            out.append({t: row[best[d * k + j]] for j, t in enumerate(before)})
-    return out
-
-
 # -- files ---------------------------------------------------------------------------------------------
 def has_head(folder) -> bool:
     return (Path(folder) / CONFIG_NAME).is_file()

@@ -102,38 +102,6 @@ def test_table_walk_equals_left_to_right_rescoring(top_k):
         heads.detach(model)
 
 
-def test_follows_reads_the_heads_pick_after_every_candidate():
-    """follows(...)[d][t]: the head's pick at position d after candidate t; walking it from None is the
-    head's chain (`walk`), and after every other candidate it is the table's own rescoring."""
-    model = _model("qwen2")
-    head = attach_random_head(model, seed=1, scale=3.0, top_k=4)
-    try:
-        g = torch.Generator().manual_seed(5)
-        for _ in range(10):
-            hidden = torch.randn(5, model.config.hidden_size, generator=g)
-            logits = model.get_output_embeddings()(hidden)
-            with torch.no_grad():
-                values = heads.draft_table(head, model, hidden, logits, torch.tensor(7)).tolist()
-            f = heads.follows(values, 5, 3)
-            assert len(f) == 3 and list(f[0]) == [None]
-            chain, t = [], None
-            for d in range(3):
-                t = f[d][t]
-                chain.append(t)
-            assert chain == heads.walk(values, 5)[:3]
-            cand = logits.topk(4, dim=-1).indices.tolist()
-            for d in (1, 2):
-                assert sorted(f[d]) == sorted(cand[d - 1]) and all(v in cand[d] for v in f[d].values())
-                for j, t in enumerate(cand[d - 1]):  # the head's own rescoring after candidate t
-                    with torch.no_grad():
-                        emb = model.get_input_embeddings().weight[t][None]
-                        scores = model.get_output_embeddings()(hidden[d][None] + head.delta(hidden[d][None], emb))[0]
-                    assert f[d][t] == max(cand[d], key=lambda c: scores[c].item())
-        assert heads.follows([], 0, 3) == []
-    finally:
-        heads.detach(model)
-
-
 # -- exactness ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("arch", ARCHS)
 def test_random_head_keeps_hugging_face_greedy_and_batch_equals_alone(arch, cheap_width, monkeypatch):
@@ -155,10 +123,7 @@ def test_random_head_keeps_hugging_face_greedy_and_batch_equals_alone(arch, chea
     attach_random_adapter(model, seed=6)
     attach_random_head(model, seed=7, scale=3.0)
     try:
-        for kw in ({}, dict(tree=(3, 2)), dict(draft="adaptive", lookup=True), dict(tree="2,2", lookup=True),
-                   dict(tree=(3, 2, 2), follow=True)):
-            kw = dict(kw)
-            monkeypatch.setattr(VerifyRow, "HEAD_BRANCHES", kw.pop("follow", False))  # branches after the head's picks
+        for kw in ({}, dict(tree=(3, 2)), dict(draft="adaptive", lookup=True), dict(tree="2,2", lookup=True)):
             feeds.clear()
             out = sbd.generate(model, None, prompts, method="sbd-verify", block_size=5, max_new_tokens=24, **kw)
             assert out.token_ids == refs, kw

@@ -133,35 +133,6 @@ def test_beam_paths_keep_the_most_likely_extensions_per_depth():
     assert trees.beam_paths([2, 2], [[5, 6], [7, 8]], lp) == [[5], [5, 7], [5, 8]]
 
 
-def test_beam_paths_follow_a_sampler_heads_picks():
-    rng = random.Random(4)
-    for _ in range(200):
-        widths = [rng.randrange(1, 4) for _ in range(rng.randrange(1, 5))]
-        depth = rng.randrange(1, len(widths) + 2)
-        c = 4
-        lps = [sorted((-rng.choice([0.1, 0.5, 1.0, 2.0]) for _ in range(c)), reverse=True) for _ in range(depth)]
-        toks = [[100 * d + r for r in range(c)] for d in range(depth)]
-        top1 = [{t: toks[d][0] for t in ([None] if d == 0 else toks[d - 1])} for d in range(depth)]
-        # a head that picks the masks' top-1 everywhere changes nothing
-        assert trees.beam_paths(widths, toks, lps, top1) == trees.beam_paths(widths, toks, lps)
-        # a head that picks another candidate after every token: each path's first option is that pick
-        picks = [{t: toks[d][rng.randrange(c)] for t in ([None] if d == 0 else toks[d - 1])} for d in range(depth)]
-        paths = trees.beam_paths(widths, toks, lps, picks)
-        chain, t = [], None
-        for d in range(min(len(widths), depth)):
-            t = picks[d][t]
-            chain.append(t)
-            assert chain in paths  # the head's own chain scores highest at every depth
-        for p in paths:  # every path is a kept parent plus one of its own top options
-            assert len(p) == 1 or p[:-1] in paths
-            d, prev = len(p) - 1, (p[-2] if len(p) > 1 else None)
-            first = picks[d][prev]
-            order = [first] + [x for x in toks[d] if x != first]
-            assert p[-1] in order[: widths[d]]
-    lp = [[0.0, float("-inf"), -1.0]]  # the mask token (-inf) never enters, even as the head's pick
-    assert trees.beam_paths([3], [[5, 6, 7]], lp, [{None: 6}]) == [[5], [7]]
-
-
 def test_compact_moves_one_slots_kept_positions_to_the_front():
     layer = SlotLayer(slots=3, capacity=12, trash=2)
     k = torch.randn(1, 2, 1, 4)

@@ -8,9 +8,7 @@ prompt by prompt; every output checked against the model's own greedy tokens.
 
 A configuration is `;`-separated, with `+`-joined settings: chain, tree=W1,W2,…, lookup, adaptive,
 block=K, lookup_max=N (the longest lookup draft), reuse (after a refused draft, draft from its later places rather than afresh; noreuse: the
-default), nohead (the adapter's sampler head left off, when the adapter has one), follow (tree branches extended
-first by the sampler head's pick after each branch's token, `VerifyRow.HEAD_BRANCHES`; off: the masks' own
-candidates), fixedlookup (with
+default), nohead (the adapter's sampler head left off, when the adapter has one), fixedlookup (with
 adaptive drafts, every lookup draft `lookup_max` long, as before session 6), flinear (torch's own linear
 layers instead of sbd's narrow ones), e.g. "tree=3,2+lookup+adaptive"; what a configuration does not
 name is off (whole blocks, no lookup, a chain). "defaults" alone: the settings the model records as its
@@ -63,8 +61,6 @@ def parse(config: str, block: int) -> dict:
             kw["lookup_max"] = int(part[11:])
         elif part.startswith("block="):
             kw["block_size"] = int(part[6:])
-        elif part == "follow":  # tree branches extended by the sampler head's picks (VerifyRow.HEAD_BRANCHES)
-            kw["head_branches"] = True
         elif part == "nohead":  # the masks' drafts without the sampler head's rescoring
             kw["sampler_head"] = False
         else:
@@ -115,14 +111,13 @@ def main() -> None:
         kw = parse(c, args.block_size)
         VerifyRow.REUSE_LEFTOVER = kw.pop("reuse_leftover", False)
         VerifyRow.ADAPTIVE_LOOKUP = not kw.pop("fixed_lookup", False)
-        VerifyRow.HEAD_BRANCHES = kw.pop("head_branches", False)
         try:
             with enabled(model, kw.pop("sampler_head", True)), linear_layers(model, False if kw.pop("flinear", False) else None):
                 t0 = time.perf_counter()
                 r = sbd.generate(model, tok, [p], max_new_tokens=max_new, **kw)
                 return r, time.perf_counter() - t0
         finally:
-            VerifyRow.REUSE_LEFTOVER, VerifyRow.ADAPTIVE_LOOKUP, VerifyRow.HEAD_BRANCHES = False, True, False
+            VerifyRow.REUSE_LEFTOVER, VerifyRow.ADAPTIVE_LOOKUP = False, True
 
     for c in configs:  # warm-up, untimed: first calls, and adaptive drafting's one-off timing of forward widths
         run(c, ids[0], 8)

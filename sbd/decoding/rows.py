@@ -30,7 +30,7 @@ import torch
 from ..errors import SBDError
 from ..masks import tree_mask
 from ..sampler import entropy_and_argmax, error_proxy, pick_tokens
-from ..sampler_head import follows, walk
+from ..sampler_head import walk
 from . import trees
 from .engine import Feed
 from .processing import Processing, bias_vector, pick, processed, read_logprobs, target_probs, token_logprobs
@@ -419,17 +419,11 @@ class VerifyRow(Row):
     Sampler head (`sbd.sampler_head`; greedy whole-block or adaptive drafts, chain or tree): when the
     engine hands `ask` a `Drafting`, the masks' chain (the next draft, or a tree's main chain) is drawn
     by the head instead of the masks' argmax: each position rescored among the masks' top candidates
-    given the token chosen before it. A tree's branches stay the masks' own candidates unless
-    `HEAD_BRANCHES` (each path extended first by the head's pick after its own last token,
-    `sbd.sampler_head.follows`; measured no better, so off). Sampling and draft="eb"
+    given the token chosen before it. Branches stay the masks' own candidates. Sampling and draft="eb"
     never use the head (`drafts_with_head`): a sampled draft must be drawn from the distribution q the
     acceptance rule divides by, which is the masks' own."""
 
     PROBE_EVERY = 16
-    # tree drafts with a sampler head: True extends each branch first with the head's pick after its own
-    # last token (`trees.beam_paths` with `follow`). Off: measured no better on SmolLM2 (tree 3,2 masks
-    # alone 2.06 vs 2.07 tokens per forward, 3,2,2,2 2.09 vs 2.10; docs/results_smollm2.md, session 11)
-    HEAD_BRANCHES = False
     # greedy: after a refusal, the refused draft's later places are the next draft (`leftover_draft`).
     # Off: measured worse on both models (the masks then ride on a draft that is often refused again,
     # instead of drafting afresh in the right context): demo block 8 3.68 vs 3.90 tokens per forward,
@@ -645,10 +639,7 @@ class VerifyRow(Row):
             target = self._next_token_logits(ntp, fed, tree_mask(parents).to(logits.device))
         nxt = target.argmax(-1)
         depth = min(len(self.tree), max(0, n_masks - 1))
-        width = max(self.tree[:depth], default=0)
-        if drafting is not None and width and self.HEAD_BRANCHES:  # every candidate the head may pick
-            width = max(width, drafting.head.config.top_k)
-        width = min(width, masks.shape[-1])
+        width = min(max(self.tree[:depth], default=0), masks.shape[-1])
         self._top = (depth, width)
         parts = [nxt.double(), self._chain_values(masks[1:], drafting, n + 1, nxt[-1])]
         if depth and width:
@@ -694,10 +685,7 @@ class VerifyRow(Row):
         was_lookup, self.from_lookup = self.from_lookup, False
         if path[-1] == n - 1:  # the masks followed the kept path: they draft the next tree
             self._next_draft(chain)
-            follow = (follows(values[n : n + self._head_chain], self._chain_m, depth)
-                      if self._head_chain and self.HEAD_BRANCHES else None)
-            self.branches = (trees.beam_paths(self.tree, cand, cand_lp, follow)
-                             + ([chain] if self.from_lookup else []))
+            self.branches = trees.beam_paths(self.tree, cand, cand_lp) + ([chain] if self.from_lookup else [])
         else:  # the masks followed a refused branch: the main chain's places after the kept path remain
             self._next_draft(self._leftover(a, new[-1], was_lookup))
             self.branches = []

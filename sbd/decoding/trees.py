@@ -76,45 +76,24 @@ def children(parents: Sequence[int]) -> list[list[int]]:
 
 
 def beam_paths(widths: Sequence[int], tokens: Sequence[Sequence[int]],
-               logprobs: Sequence[Sequence[float]], follow: Sequence[dict] | None = None) -> list[list[int]]:
+               logprobs: Sequence[Sequence[float]]) -> list[list[int]]:
     """The declared shape filled from the masks' candidates: token paths from the head, all depths.
 
     tokens[d] / logprobs[d]: the masks' candidates for draft depth d + 1, best first (at least
     widths[d] of them where that depth is declared). At depth d the paths kept at depth d − 1 are
-    extended by each of their top widths[d] options and the widths[d] best by summed log-probability
+    extended by each of the top widths[d] candidates and the widths[d] best by summed log-probability
     are kept (ties: the lower ranks). Candidates with log-probability −inf (the mask token) never enter.
-
-    Without `follow`, a path's options are the masks' candidates in their order, scored by their own
-    log-probabilities (positions independent, as the masks predict them). With `follow` (a sampler
-    head's picks, `sbd.sampler_head.follows`: follow[d][t], the token the head drafts at depth d + 1
-    after t; key None at the first depth), a path ending in t puts the head's pick after t first and
-    the others after it in the masks' order, and its i-th option scores logprobs[d][i]: the head's pick
-    counts as the best candidate, so every branch goes on as the head would draft after its own token.
-    A head that picks the masks' own top-1 everywhere gives exactly the paths without `follow`.
     """
-    inf = float("-inf")
-    kept: list[tuple[float, tuple[int, ...], tuple[int, ...]]] = [(0.0, (), ())]  # (score, option ranks, token ranks)
+    kept: list[tuple[float, tuple[int, ...]]] = [(0.0, ())]  # (score, ranks)
     out: list[list[int]] = []
     for d in range(min(len(widths), len(tokens))):
-        w, here = widths[d], tokens[d]
-        best_first = sorted((v for v in logprobs[d] if v != inf), reverse=True)  # the scores of the i-th option
-        options = []
-        for score, opts, ranks in kept:
-            if follow is None or d >= len(follow):  # the masks' top w, in their order
-                order = [r for r in range(min(w, len(here))) if logprobs[d][r] != inf]
-                scores = [logprobs[d][r] for r in order]
-            else:  # the head's pick after this path's last token first, then the masks' order
-                order = [r for r in range(len(here)) if logprobs[d][r] != inf]
-                pick = follow[d].get(tokens[d - 1][ranks[-1]] if d else None)
-                order = ([here.index(pick)] if pick in here and here.index(pick) in order else [])
-                order += [r for r in range(len(here)) if logprobs[d][r] != inf and r not in order]
-                order = order[:w]
-                scores = best_first[: len(order)]
-            options += [(score + lp, opts + (i,), ranks + (r,)) for i, (r, lp) in enumerate(zip(order, scores))]
+        w = widths[d]
+        options = [(score + logprobs[d][r], ranks + (r,)) for score, ranks in kept
+                   for r in range(min(w, len(tokens[d]))) if logprobs[d][r] != float("-inf")]
         kept = heapq.nsmallest(w, options, key=lambda o: (-o[0], o[1]))
         if not kept:
             break
-        out += [[tokens[i][r] for i, r in enumerate(ranks)] for _, _, ranks in kept]
+        out += [[tokens[i][r] for i, r in enumerate(ranks)] for _, ranks in kept]
     return out
 
 
