@@ -8,6 +8,12 @@ Points are measured with different prompt counts (`n`) and, before session 3, wi
 the table says which, and the plot joins only points measured alike (leftover drafts off, with the sampler head). Two points of
 one session on the same prompts (one process) are the fair comparison; across sessions a 1–2% change is
 within what 10 prompts move.
+
+Below the table it prints what the curve says about budget (issue 27: "if a target is missed, say what
+budget would close it"): a least-squares line of masks-alone tokens per forward against the logarithm of
+the adapter's sequences (and of distinct answers), fitted to the points of the newest prompt set, and
+where that line crosses the target. An extrapolation, not a promise: the line assumes each doubling
+keeps buying what the measured doublings did.
 """
 
 from __future__ import annotations
@@ -34,6 +40,53 @@ def rows(points: list[dict]) -> list[str]:
         out.append(f"| {p['date']} | {drafter} | {p['sequences_seen']:,} | {head if isinstance(head, str) else f'{head:,}'} "
                    f"| {p.get('distinct_answers') or '?'} | {p['n']} + {n_other} | {p['gsm_masks_tpf']:.3f} "
                    f"| {p['other_masks_tpf']:.3f} | {p['gsm_best_tpf']:.3f} | {p['other_best_tpf']:.3f} | {hit}/{total} |")
+    return out
+
+
+def newest_alike(points: list[dict]) -> list[dict]:
+    """One point per drafter, measured like the newest point (same prompt files and count, with the head)."""
+    last = points[-1]
+    seen, out = set(), []
+    for p in points:
+        if p.get("sets") != last.get("sets") or p["n"] != last["n"] or not p.get("sampler_head"):
+            continue
+        if p["sequences_seen"] in seen:
+            continue
+        seen.add(p["sequences_seen"])
+        out.append(p)
+    return out
+
+
+def log_fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least squares y = a + b ln x; returns (a, b)."""
+    import math
+
+    lx = [math.log(x) for x in xs]
+    mx, my = sum(lx) / len(lx), sum(ys) / len(ys)
+    var = sum((x - mx) ** 2 for x in lx)
+    b = sum((x - mx) * (y - my) for x, y in zip(lx, ys)) / var
+    return my - b * mx, b
+
+
+def budget(points: list[dict], target: float = 2.0) -> list[str]:
+    """What the newest points say it would take to reach `target` tokens per forward, masks alone."""
+    import math
+
+    pts = newest_alike(points)
+    if len(pts) < 3:
+        return ["(fewer than 3 points on the newest prompt set: no budget line)"]
+    out = [f"Budget, from {len(pts)} points on the newest prompt set ({pts[0]['sets']}, n={pts[0]['n']}):"]
+    for key, what in (("sequences_seen", "adapter sequences"), ("distinct_answers", "distinct answers")):
+        use = [p for p in pts if p.get(key)]
+        for s, name in (("gsm", "gsm"), ("other", "mixed")):
+            a, b = log_fit([p[key] for p in use], [p[f"{s}_masks_tpf"] for p in use])
+            last = use[-1]
+            if b <= 0:
+                out.append(f"- {name} vs {what}: no gain per doubling in these points")
+                continue
+            need = math.exp((target - a) / b)
+            out.append(f"- {name}, masks alone, vs {what}: +{b * math.log(2):.3f} tokens per forward per doubling; "
+                       f"{target} at about {need:,.0f} ({need / last[key]:.1f}x the newest point's {last[key]:,})")
     return out
 
 
@@ -69,6 +122,8 @@ def main() -> None:
     args = ap.parse_args()
     points = json.loads(args.curve.read_text())
     print("\n".join(rows(points)))
+    print()
+    print("\n".join(budget(points)))
     if args.plot:
         plot(points, Path(args.plot))
 
