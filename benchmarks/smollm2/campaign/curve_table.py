@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent / "results"
@@ -59,8 +60,6 @@ def newest_alike(points: list[dict]) -> list[dict]:
 
 def log_fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
     """Least squares y = a + b ln x; returns (a, b)."""
-    import math
-
     lx = [math.log(x) for x in xs]
     mx, my = sum(lx) / len(lx), sum(ys) / len(ys)
     var = sum((x - mx) ** 2 for x in lx)
@@ -70,8 +69,6 @@ def log_fit(xs: list[float], ys: list[float]) -> tuple[float, float]:
 
 def budget(points: list[dict], target: float = 2.0) -> list[str]:
     """What the newest points say it would take to reach `target` tokens per forward, masks alone."""
-    import math
-
     pts = newest_alike(points)
     if len(pts) < 3:
         return ["(fewer than 3 points on the newest prompt set: no budget line)"]
