@@ -41,17 +41,20 @@ def attach_random_head(model, seed=0, scale=1.0, width=16, top_k=8):
     return head
 
 
-def naive_chain(model, head, hidden, logits, first, top_k):
-    """The head's greedy drafts one position after the other, straight from the definition."""
+def naive_chain(model, head, hidden, logits, first, top_k, probs=False):
+    """The head's greedy drafts one position after the other, straight from the definition; probs: also
+    each pick's probability under the head's softmax over the masks' top-k candidates."""
     emb, out = model.get_input_embeddings().weight, model.get_output_embeddings()
-    picks, prev = [], int(first)
+    picks, prev, chances = [], int(first), []
     for i in range(hidden.shape[0]):
         x = torch.cat([hidden[i], emb[prev]])
         h2 = hidden[i] + head.down.weight @ F.silu(head.up.weight @ x + head.up.bias)
         cand = logits[i].topk(top_k).indices
-        prev = int(cand[out(h2)[cand].argmax()])
+        scores = out(h2)[cand]
+        prev = int(cand[scores.argmax()])
         picks.append(prev)
-    return picks
+        chances.append(float(scores.softmax(-1).max()))
+    return (picks, chances) if probs else picks
 
 
 class Recorder:
@@ -96,8 +99,14 @@ def test_table_walk_equals_left_to_right_rescoring(top_k):
                 want = naive_chain(model, head, hidden, logits, 7, top_k)
             assert heads.walk(values, 6) == want
             changed += want != logits.argmax(-1).tolist()
+            with torch.no_grad():  # with the head's probability of every pick (adaptive drafting cuts by it)
+                with_p = heads.draft_table(head, model, hidden, logits, torch.tensor(7), probs=True).tolist()
+                _, want_p = naive_chain(model, head, hidden, logits, 7, top_k, probs=True)
+            chain, chances = heads.walk(with_p, 6, probs=True)
+            assert chain == want and chances == pytest.approx(want_p, abs=1e-5)
+            assert top_k > 1 or chances == [1.0] * 6
         assert changed if top_k > 1 else not changed  # the head rescored something (top_k 1: nothing to choose)
-        assert heads.walk([], 0) == []
+        assert heads.walk([], 0) == [] and heads.walk([], 0, probs=True) == ([], [])
     finally:
         heads.detach(model)
 
@@ -253,6 +262,30 @@ def test_an_untrained_head_or_a_switched_off_one_changes_nothing(kw, cheap_width
         assert rec_off.ids == rec_plain.ids and off.accepted == plain.accepted
         on, rec_on = _run(model, prompts, **kw)
         assert on.token_ids == plain.token_ids and rec_on.ids != rec_plain.ids
+    finally:
+        heads.detach(model)
+        adapters.detach(model)
+
+
+def test_head_chains_cut_by_the_heads_confidence_stay_exact(cheap_width, monkeypatch):
+    """VerifyRow.CUT_HEAD_CHAINS (off by default): adaptive drafts of the head's chain cut by the head's
+    probability of each pick, with a refusal made dear so that cuts happen; the tokens stay greedy."""
+    from sbd.decoding.rows import VerifyRow
+
+    model = _model("llama", seed=4)
+    prompts = random_prompts(3, model.config.vocab_size, seed=35)
+    want = [hf_greedy(model, p, 24) for p in prompts]  # the base model's, before adapter and head
+    attach_random_adapter(model, seed=13)
+    attach_random_head(model, seed=14, scale=3.0)
+    try:
+        fed = {}
+        for cut in (False, True):
+            monkeypatch.setattr(VerifyRow, "CUT_HEAD_CHAINS", cut)
+            monkeypatch.setattr(VerifyRow, "REFUSAL_COST", 50.0)
+            out, rec = _run(model, prompts, draft="adaptive")
+            assert out.token_ids == want
+            fed[cut] = rec.ids
+        assert fed[True] != fed[False]  # the cut changed the drafts fed
     finally:
         heads.detach(model)
         adapters.detach(model)

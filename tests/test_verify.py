@@ -243,6 +243,46 @@ def test_best_draft_length_follows_acceptance_and_cost():
     assert best_draft_length(0.8, step, 7) > 0
 
 
+def test_confident_length_stops_before_the_place_the_drafter_is_unsure_of():
+    from sbd.decoding.rows import confident_length
+
+    free, dear = linear(0.0), linear(0.3)
+    assert confident_length([0.99] * 7, free, 8, 0.5) == 7  # sure all along, width free: all of it
+    assert confident_length([0.99, 0.98, 0.1, 0.99, 0.99], free, 8, 0.5) == 2  # not the unsure place
+    assert confident_length([0.99, 0.98, 0.1, 0.99, 0.99], free, 8, 0.0) == 5  # no refusal cost, free width
+    assert confident_length([0.05, 0.9], free, 8, 0.5) == 0  # unsure at once: no draft, NTP's token
+    assert confident_length([0.6] * 7, dear, 2, 0.5) == 2 < confident_length([0.6] * 7, free, 2, 0.5)  # dear width
+    assert confident_length([], free, 8, 0.5) == 0
+    lengths = [confident_length([p] * 7, linear(0.05), 8, 0.5) for p in (0.2, 0.5, 0.8, 0.95, 0.999)]
+    assert lengths == sorted(lengths) and lengths[0] < lengths[-1]
+
+
+def test_adaptive_drafts_cut_by_confidence_stay_exact(model, monkeypatch):
+    """Free width: adaptive drafting feeds whole blocks; the drafter's confidence then shortens the drafts
+    (with a refusal made dear: these models' logits are decisive, so their drafter is seldom unsure). The
+    tokens stay NTP's, alone and in a batch, cut or not."""
+    import importlib
+
+    from sbd.decoding.rows import VerifyRow
+
+    g = importlib.import_module("sbd.decoding.generate")
+    monkeypatch.setattr(g, "forward_costs", lambda m, batch=1: linear(0.0))
+    prompts = random_prompts(4, model.config.vocab_size, seed=11)
+    ntp = sbd.generate(model, None, prompts, method="ntp", max_new_tokens=40)
+    fed = {}
+    for refusal in (None, 50.0):
+        monkeypatch.setattr(VerifyRow, "REFUSAL_COST", refusal)
+        drafts = fed[refusal] = []  # row 0 alone, per forward: the draft tokens fed (committed part less the head)
+        out = sbd.generate(model, None, prompts[:1], method="sbd-verify", draft="adaptive", block_size=8,
+                           max_new_tokens=40, observer=lambda r: drafts.append(r.commits[0] - 1))
+        batch = sbd.generate(model, None, prompts, method="sbd-verify", draft="adaptive", block_size=8,
+                             max_new_tokens=40)
+        assert out.token_ids == ntp.token_ids[:1] and batch.token_ids == ntp.token_ids
+        assert batch.nfe[0] == out.nfe[0] and batch.accepted[0] == out.accepted[0]  # batch = alone
+    assert max(fed[None][1:]) == 7  # not cut: a draft after a fully kept one is the whole block's 7
+    assert sum(fed[50.0][1:]) < sum(fed[None][1:])  # cut: fewer draft tokens put up
+
+
 @pytest.mark.parametrize("cost", ["free", "dear", "never"])
 def test_adaptive_drafts_are_exact_and_follow_the_cost(model, monkeypatch, cost):
     import importlib

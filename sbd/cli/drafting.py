@@ -20,7 +20,8 @@ def add_drafting_options(p, server: bool = False) -> None:
                    help=f"{who} only: block = the whole block the masked head predicts, in the verifying "
                         "forward; eb = revealed by the EB rule (--gamma, --proxy) over forwards of its own, greedy "
                         "only; adaptive = each row picks its draft length (<= block size) from its acceptance so far "
-                        f"and the measured cost of a wider forward, greedy only ({DEFAULT_NOTE}block; with "
+                        "and the measured cost of a wider forward, and ends a draft of its masks before a place they "
+                        f"are unsure of, greedy only ({DEFAULT_NOTE}block; with "
                         "sampling: block)")
     p.add_argument("--lookup", default=None, action=argparse.BooleanOptionalAction,
                    help=f"{who}, greedy, --draft block or adaptive: draft what followed the last 3 (else 2) tokens "

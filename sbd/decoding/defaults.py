@@ -5,7 +5,8 @@ loaded model, in one place. `sbd.generate`, `sbd generate`, `sbd serve` and the 
 Where a model's measured configuration lives: a drafting adapter records it in its `adapter_config.json`
 (`"decoding": {...}`), a fully fine-tuned SBD model in its `config.json` (`"sbd_decoding": {...}`), each
 written from a benchmark whose command the model card gives. A model that records none gets `GENERAL`:
-whole-block drafts, the configuration measured best on the fully fine-tuned demo model.
+whole-block drafts, whose forwards do not depend on this machine's timings (adaptive widths do: they follow
+the measured cost of a wide forward), for a model whose drafting nobody has measured yet.
 
 Which settings have a default: `draft` ("block" or "adaptive"), `lookup`, `lookup_max` and `tree`; a
 fully fine-tuned model may also record its `block_size` (an adapter's is the size it was trained for).

@@ -292,7 +292,8 @@ def generate(
     how many masks to feed (at most block_size) from its own acceptance so far and the measured cost of
     wider forwards on this model (`sbd.decoding.width_cost`, timed once per model and batch size):
     shorter drafts where they are often refused or forwards are compute-bound, plain next-token steps
-    (with an occasional probe) where no draft pays.
+    (with an occasional probe) where no draft pays; a draft of the masks' own chain also ends before the
+    first place where the masks are unsure (`sbd.decoding.rows.confident_length`).
     lookup (greedy, draft "block" or "adaptive"): when the last 3 (else 2) tokens occurred earlier in
     the prompt or the output, draft what followed them there (prompt lookup) instead of the masks'
     draft; the tokens are still NTP's. `lookup_accepted` counts the kept draft tokens it proposed.

@@ -346,6 +346,28 @@ def best_lookup_length(alpha: float, cost, longest: int) -> int:
     return best
 
 
+def confident_length(probs: Sequence[float], cost, masks: int, refusal: float) -> int:
+    """How much of the masks' next draft to put up (0..len(probs)), from how sure the drafter is of each
+    token: probs[i] is its drafting probability (the masks' softmax, or the sampler head's over the masks'
+    top candidates), read as the chance that token i stands once the ones before it stood (calibrated
+    closely enough on both shipped models: docs/performance.md, "Drafts cut by the drafter's confidence").
+
+    A draft of t tokens yields 1 + Σ_{i≤t} P_i tokens on average (P_i = probs[0]·…·probs[i−1]); if one
+    of them is refused (1 − P_t), the `masks` fed behind it drafted for the wrong places and the next
+    forward has no draft, which costs about `refusal` more tokens. The forward feeds 1 + t + masks tokens
+    and costs `cost(1 + t + masks)`. The t with the most tokens per unit of time wins. So a draft stops
+    before the place where the drafter is unsure: the next-token head fills that place for free, and the
+    masks behind the shorter draft stay in the right context."""
+    best, keep, stands, expected = 1.0 / cost(1 + masks), 0, 1.0, 0.0
+    for t, p in enumerate(probs, 1):
+        stands *= p
+        expected += stands
+        value = (1 + expected - refusal * (1 - stands)) / cost(1 + t + masks)
+        if value > best + 1e-12:
+            best, keep = value, t
+    return keep
+
+
 def verify_width(block_size: int, lookup_max: int = 0, tree: Sequence[int] | None = None) -> int:
     """The widest forward of an sbd-verify row (cache positions it writes past its committed part): a
     forward verifying a lookup draft (at most `lookup_max`; 0 without lookup) feeds no masks; any other
@@ -436,6 +458,13 @@ class VerifyRow(Row):
     # and cache room stay as they were, while copied spans (code, names, quoted text) are drafted 16 at
     # a time instead of block − 1 (Hugging Face's prompt lookup drafts 10).
     LOOKUP_MAX = 16
+    # adaptive drafting, chains of the masks: the next draft is cut where the drafter is unsure
+    # (`confident_length`); this many tokens is what a refused draft costs beyond itself. None: not cut
+    # (before 2026-11-26, session 13). Measured: docs/performance.md, "Drafts cut by the drafter's confidence".
+    REFUSAL_COST = 0.5
+    # ... also the chains a sampler head draws (by its probability of each pick). Off: measured no faster
+    # on SmolLM2 with its adapter (time 1.01x and 1.05x of not cut on gsm and the mixed set, interleaved).
+    CUT_HEAD_CHAINS = False
     # adaptive drafting: a lookup draft only as long as pays on lookup's own record (`best_lookup_length`);
     # False drafts all `lookup_max` tokens whenever lookup finds them (before 2026-11-24, session 6)
     ADAPTIVE_LOOKUP = True
@@ -482,6 +511,8 @@ class VerifyRow(Row):
         self.masked: list[bool] = []
         self._head_chain = 0  # values the sampler head's table took in the last `ask` (0: the masks' argmax)
         self._chain_m = 0  # tokens in the last `ask`'s chain
+        self._chain_probs = False  # the last `ask` also sent each chain token's drafting probability
+        self.chain_probs: list[float] | None = None  # those probabilities, read with the chain
 
     @property
     def drafts_with_head(self) -> bool:
@@ -493,17 +524,30 @@ class VerifyRow(Row):
         sampler head's table (`sbd.sampler_head.draft_table`) when a `Drafting` is given. `at`: where
         `masks` starts among the row's logits; `first`: the next-token head's token before them."""
         self._head_chain, self._chain_m = 0, masks.shape[0]
+        # adaptive chains are cut by the drafter's confidence (`confident_length`): send it along
+        self._chain_probs = probs = (self.cost is not None and self.tree is None and self.REFUSAL_COST is not None
+                                     and masks.shape[0] > 0 and (drafting is None or self.CUT_HEAD_CHAINS))
         if drafting is None or masks.shape[0] == 0:
-            return masks.argmax(-1).double()
-        table = drafting.table(masks, at, first)
+            if not probs:
+                return masks.argmax(-1).double()
+            top = masks.float().softmax(-1).max(-1)
+            return torch.cat([top.indices.double(), top.values.double()])
+        table = drafting.table(masks, at, first, probs=probs)
         self._head_chain = table.numel()
         return table.double()
 
     def _read_chain(self, values) -> list[int]:
-        """The chain from the values `_chain_values` produced (they lead `values`)."""
+        """The chain from the values `_chain_values` produced (they lead `values`); its tokens' drafting
+        probabilities, when they were sent, go to `chain_probs`."""
+        m, self.chain_probs = self._chain_m, None
         if self._head_chain:
-            return walk(values[: self._head_chain], self._chain_m)
-        return [int(v) for v in values[: self._chain_m]]
+            if not self._chain_probs:
+                return walk(values[: self._head_chain], m)
+            chain, self.chain_probs = walk(values[: self._head_chain], m, probs=True)
+            return chain
+        if self._chain_probs:
+            self.chain_probs = [float(v) for v in values[m : 2 * m]]
+        return [int(v) for v in values[:m]]
 
     def feed(self) -> Feed:
         if self.in_prefill:
@@ -761,6 +805,8 @@ class VerifyRow(Row):
             self.draft = []
         else:  # the masks' chain (the sampler head's, when it drew it)
             self._next_draft(self._read_chain(rest))
+            if self.chain_probs is not None and not self.from_lookup:  # adaptive: as far as the drafter is sure
+                self.draft = self.draft[: confident_length(self.chain_probs, self.cost, self.n_masks, self.REFUSAL_COST)]
         return n - a
 
 
