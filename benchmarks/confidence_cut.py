@@ -56,7 +56,8 @@ def main() -> None:
     ap.add_argument("--prompts", default="runs/campaign/eval24/heldout_gsm.jsonl", help="smollm2: a prompt file")
     ap.add_argument("--refusals", default="0.5,1", help="refusal costs to try besides not cut")
     ap.add_argument("--head-chains", action="store_true",
-                    help="smollm2: also cut the chains its sampler head draws (VerifyRow.CUT_HEAD_CHAINS; off by default)")
+                    help="smollm2: also cut the chains its sampler head draws "
+                         "(VerifyRow.CUT_HEAD_CHAINS; off by default)")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

@@ -806,7 +806,8 @@ class VerifyRow(Row):
         else:  # the masks' chain (the sampler head's, when it drew it)
             self._next_draft(self._read_chain(rest))
             if self.chain_probs is not None and not self.from_lookup:  # adaptive: as far as the drafter is sure
-                self.draft = self.draft[: confident_length(self.chain_probs, self.cost, self.n_masks, self.REFUSAL_COST)]
+                sure = confident_length(self.chain_probs, self.cost, self.n_masks, self.REFUSAL_COST)
+                self.draft = self.draft[:sure]
         return n - a
 
 
