@@ -12,6 +12,9 @@ import torch
 from sbd.models import tiny
 
 torch.set_num_threads(int(os.environ.get("SBD_TEST_THREADS", "2")))  # 1 on a machine shared with other jobs
+# The tiny models' device: cpu (CI), or e.g. cuda on a GPU machine (benchmarks/gpu/first_call.sh), so that the
+# same exactness tests run on the device's kernels.
+DEVICE = torch.device(os.environ.get("SBD_TEST_DEVICE", "cpu"))
 ARCHS = tiny.ARCHS
 LOGIT_SCALE = 150.0  # a mix of near-certain and uncertain positions: the EB rule has choices to make
 
@@ -30,7 +33,7 @@ def _model(arch: str, seed: int = 0):
     model.config.sbd_mask_token_id = tok.mask_token_id
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
-    return model
+    return model.to(DEVICE)
 
 
 @pytest.fixture(scope="session")
@@ -62,8 +65,9 @@ def random_prompts(n: int, vocab: int, lengths=(3, 11, 6, 1, 17), seed: int = 0)
 def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
     """Hugging Face greedy `generate` for one prompt: the new tokens, up to and including EOS."""
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                             do_sample=False, max_new_tokens=n)[0, len(prompt):].tolist()
+        ids = torch.tensor([prompt], device=model.device)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=n)[0, len(prompt):].tolist()
     eos = model.generation_config.eos_token_id
     return out[: out.index(eos) + 1] if eos in out else out
 
