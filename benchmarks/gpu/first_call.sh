@@ -14,8 +14,10 @@
 #   4. the demo model end to end (`sbd bench`): HF greedy, prompt-lookup, our NTP loop, sbd-verify (whole
 #      blocks; adaptive, the default), batch 1 and 8, eager;
 #   5. the 8B shapes end to end at fixed reveal schedules against NTP and HF greedy;
-#   6. the demo model compiled (CUDA graphs), batch 1.
-# The step limits add up to 570 s.
+#   6. the demo model compiled (CUDA graphs), batch 1;
+#   7. the probe of masks fed behind the head (benchmarks/probes/masks_behind_head.py) on the demo model,
+#      where width is nearly free.
+# The step limits add up to 580 s.
 # No package is installed: the image's python3 has torch, transformers, accelerate, matplotlib, rich, tqdm;
 # the demo's prompts come from benchmarks/gpu/demo_prompts.jsonl (reasoning-gym is not on the image).
 set -uo pipefail
@@ -56,16 +58,18 @@ step machine 30 bash -c "nvidia-smi || true; $PY -c 'import sys, torch, transfor
 print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, \"available\", torch.cuda.is_available()); \
 print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else \"no GPU\"); \
 print(\"transformers\", transformers.__version__)'"
-step table3 150 sbd forward-cost "${T3[@]}" --device "$DEVICE" --dtype "$DTYPE" --out "$WORK/table3" --no-progress
-step tests 100 env SBD_TEST_DEVICE="$DEVICE" "$PY" -m pytest -q -rfE -p no:cacheprovider "${TESTS[@]}"
-step bench_demo 130 sbd bench --model demo --device "$DEVICE" --prompts benchmarks/gpu/demo_prompts.jsonl \
+step table3 130 sbd forward-cost "${T3[@]}" --device "$DEVICE" --dtype "$DTYPE" --out "$WORK/table3" --no-progress
+step tests 90 env SBD_TEST_DEVICE="$DEVICE" "$PY" -m pytest -q -rfE -p no:cacheprovider "${TESTS[@]}"
+step bench_demo 120 sbd bench --model demo --device "$DEVICE" --prompts benchmarks/gpu/demo_prompts.jsonl \
     --methods hf,prompt-lookup,ntp,sbd-verify,sbd-verify-adaptive --block-size 8 "${BENCH[@]}" \
     --out "$WORK/bench_demo" --no-progress
 step bench_8b_fixed 90 sbd bench "${FIXED[@]}" --device "$DEVICE" --dtype "$DTYPE" --methods hf,ntp,sbd-fixed \
     --fixed 2,3,4 --block-size 16 --out "$WORK/bench_8b_fixed" --no-progress
-step bench_demo_compiled 70 sbd bench --model demo --device "$DEVICE" --prompts benchmarks/gpu/demo_prompts.jsonl \
+step bench_demo_compiled 60 sbd bench --model demo --device "$DEVICE" --prompts benchmarks/gpu/demo_prompts.jsonl \
     --methods hf,ntp,sbd-verify --block-size 8 --n 12 --repeats 2 --batch-size 1 --max-new-tokens 112 --compile \
     --out "$WORK/bench_demo_compiled" --no-progress
+step masks_behind_head 60 "$PY" benchmarks/probes/masks_behind_head.py --model demo --behind 0,4,8 \
+    $([ "$DEVICE" = cpu ] || echo --device "$DEVICE")
 
 mkdir -p "$OUT"
 tar czf "$OUT/first_call.tgz" -C "$WORK" .

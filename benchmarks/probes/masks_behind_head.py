@@ -20,6 +20,7 @@ With a sampler head, the chain behind the head for a refusal at the first draft 
     python benchmarks/probes/masks_behind_head.py --n 12 --behind 0,4,8             # whole blocks
     python benchmarks/probes/masks_behind_head.py --n 12 --behind 0,4 --no-head     # no sampler head
     python benchmarks/probes/masks_behind_head.py --n 12 --behind 0,2,4 --defaults  # the defaults, timed
+    python benchmarks/probes/masks_behind_head.py --model demo --behind 0,4,8       # the demo model
 
 Results: benchmarks/probes/results/masks_behind_head.md.
 """
@@ -105,7 +106,7 @@ class MasksBehindHead(Base):
         nxt = ntp.argmax(-1)
         # with a sampler head, the chain behind the head for a refusal at the first draft place, where the
         # head's own token nxt[0] takes place 1: the head's table over masks 2.. of the branch
-        table = drafting.table(behind[1:], 2, nxt[0]) if drafting is not None and b > 1 else behind[:0]
+        table = drafting.table(behind[1:], 2, nxt[0]) if drafting is not None and b > 1 else nxt[:0]
         self._table_n = table.numel()
         return torch.cat([nxt.double(), behind.argmax(-1).double(), table.double(),
                           self._chain_values(masks[1:], drafting, n + 1, nxt[-1])])
@@ -147,8 +148,34 @@ class MasksBehindHead(Base):
         return keep
 
 
+def demo(args) -> None:
+    """The demo model (fully fine-tuned: no adapter to gate, no sampler head), one pass per setting."""
+    import sbd
+    from sbd.tasks.prompts import load_prompts
+
+    model, tok = sbd.load("demo", device=args.device)
+    # the 90 held-out problems of `sbd bench --model demo --n 30`, as a file (no reasoning-gym needed)
+    prompts = load_prompts("benchmarks/gpu/demo_prompts.jsonl")
+    want = [sbd.generate(model, tok, [p], method="ntp", max_new_tokens=112).token_ids[0] for p in prompts]
+    print("demo model, 90 problems, block 8\n\n| drafts | masks behind the head | tokens / forward | forwards "
+          "| forwards with no draft | same as NTP | seconds |\n|---|---:|---:|---:|---:|---:|---:|")
+    for draft in ("block", "adaptive"):
+        for b in (int(x) for x in args.behind.split(",")):
+            SETTINGS["behind"] = b
+            COUNTS["no draft"] = 0
+            nfe = tokens = same = 0
+            t = time.perf_counter()
+            for p, w in zip(prompts, want):
+                r = sbd.generate(model, tok, [p], method="sbd-verify", block_size=8, draft=draft, max_new_tokens=112)
+                nfe, tokens, same = nfe + r.nfe[0], tokens + len(r.token_ids[0]), same + (r.token_ids[0] == w)
+            print(f"| {draft} | {b} | {tokens / nfe:.3f} | {nfe} | {COUNTS['no draft']} | {same}/{len(prompts)} | "
+                  f"{time.perf_counter() - t:.1f} |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", choices=("smollm2", "demo"), default="smollm2",
+                    help="demo: the 90 demo problems, whole blocks and adaptive drafts (no adapter, no head)")
     ap.add_argument("--n", type=int, default=12)
     ap.add_argument("--prompts", default="runs/campaign/eval24/heldout_gsm.jsonl")
     ap.add_argument("--behind", default="0,4,8", help="masks behind the head to try (0: today's layout)")
@@ -156,6 +183,7 @@ def main() -> None:
                     help="draft the main chain with the adapter's sampler head (as shipped)")
     ap.add_argument("--defaults", action="store_true",
                     help="the model's defaults (lookup, adaptive) instead of whole blocks, timed, interleaved")
+    ap.add_argument("--device", default="cpu", help="demo: the device to run on (e.g. cuda)")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -164,6 +192,9 @@ def main() -> None:
     from sbd.tasks.prompts import load_prompts
 
     rows.VerifyRow = MasksBehindHead  # make_row builds this class now
+    if args.model == "demo":
+        demo(args)
+        return
     model, tok = sbd.load("smollm2", sampler_head=args.head)
     gate_the_masks_behind_the_head(model)
     prompts = encode_prompts(tok, load_prompts(args.prompts)[: args.n], chat=True)
