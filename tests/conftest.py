@@ -15,6 +15,8 @@ torch.set_num_threads(int(os.environ.get("SBD_TEST_THREADS", "2")))  # 1 on a ma
 # The tiny models' device: cpu (CI), or e.g. cuda on a GPU machine (benchmarks/gpu/first_call.sh), so that the
 # same exactness tests run on the device's kernels.
 DEVICE = torch.device(os.environ.get("SBD_TEST_DEVICE", "cpu"))
+if DEVICE.type != "cpu":  # tensors the tests build without a device (prompts, reference inputs) go there too
+    torch.set_default_device(DEVICE)
 ARCHS = tiny.ARCHS
 LOGIT_SCALE = 150.0  # a mix of near-certain and uncertain positions: the EB rule has choices to make
 
@@ -59,7 +61,7 @@ def llama():
 def random_prompts(n: int, vocab: int, lengths=(3, 11, 6, 1, 17), seed: int = 0) -> list[list[int]]:
     """Token-id prompts of different lengths that avoid the special tokens (ids 0-2)."""
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, vocab, (lengths[i % len(lengths)],), generator=g).tolist() for i in range(n)]
+    return [torch.randint(3, vocab, (lengths[i % len(lengths)],), generator=g, device="cpu").tolist() for i in range(n)]
 
 
 def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
