@@ -148,6 +148,25 @@ class MasksBehindHead(Base):
         return keep
 
 
+def one_pass(model, tok, prompts, want, behind: int, **kw) -> tuple[int, int, int, int, float]:
+    """Every prompt alone with `behind` masks behind the head: (forwards, tokens, answers the same as
+    `want`, forwards with no draft, seconds)."""
+    import sbd
+
+    SETTINGS["behind"] = behind
+    COUNTS["no draft"] = 0
+    nfe = tokens = same = 0
+    t = time.perf_counter()
+    for p, w in zip(prompts, want):
+        r = sbd.generate(model, tok, [p], method="sbd-verify", **kw)
+        nfe, tokens, same = nfe + r.nfe[0], tokens + len(r.token_ids[0]), same + (r.token_ids[0] == w)
+    return nfe, tokens, same, COUNTS["no draft"], time.perf_counter() - t
+
+
+def row(label: str, nfe: int, tokens: int, same: int, empty: int, n: int, last: str) -> str:
+    return f"| {label} | {tokens / nfe:.3f} | {nfe} | {empty} | {same}/{n} | {last} |"
+
+
 def demo(args) -> None:
     """The demo model (fully fine-tuned: no adapter to gate, no sampler head), one pass per setting."""
     import sbd
@@ -161,15 +180,9 @@ def demo(args) -> None:
           "| forwards with no draft | same as NTP | seconds |\n|---|---:|---:|---:|---:|---:|---:|")
     for draft in ("block", "adaptive"):
         for b in (int(x) for x in args.behind.split(",")):
-            SETTINGS["behind"] = b
-            COUNTS["no draft"] = 0
-            nfe = tokens = same = 0
-            t = time.perf_counter()
-            for p, w in zip(prompts, want):
-                r = sbd.generate(model, tok, [p], method="sbd-verify", block_size=8, draft=draft, max_new_tokens=112)
-                nfe, tokens, same = nfe + r.nfe[0], tokens + len(r.token_ids[0]), same + (r.token_ids[0] == w)
-            print(f"| {draft} | {b} | {tokens / nfe:.3f} | {nfe} | {COUNTS['no draft']} | {same}/{len(prompts)} | "
-                  f"{time.perf_counter() - t:.1f} |", flush=True)
+            nfe, tokens, same, empty, seconds = one_pass(model, tok, prompts, want, b, block_size=8, draft=draft,
+                                                         max_new_tokens=112)
+            print(row(f"{draft} | {b}", nfe, tokens, same, empty, len(prompts), f"{seconds:.1f}"), flush=True)
 
 
 def main() -> None:
@@ -199,44 +212,26 @@ def main() -> None:
     gate_the_masks_behind_the_head(model)
     prompts = encode_prompts(tok, load_prompts(args.prompts)[: args.n], chat=True)
     want = [sbd.generate(model, tok, [p], method="ntp", max_new_tokens=128).token_ids[0] for p in prompts]
-    if not args.defaults:
-        print(f"SmolLM2 + adapter{' and sampler head' if args.head else ''}, whole-block chains of 7, no lookup, "
-          f"{args.n} prompts of {args.prompts}\n\n| masks behind the head | tokens / forward | forwards "
-          "| forwards with no draft | same as NTP | seconds |\n|---:|---:|---:|---:|---:|---:|")
+    bs = [int(x) for x in args.behind.split(",")]
+    header = ("| masks behind the head | tokens / forward | forwards | forwards with no draft | same as NTP | {} |\n"
+              "|---:|---:|---:|---:|---:|---:|")
     if args.defaults:  # the shipped defaults (lookup, adaptive), settings taking turns on every prompt
-        bs = [int(x) for x in args.behind.split(",")]
-        tot = {b: [0, 0, 0.0, 0, 0] for b in bs}
+        tot = {b: [0, 0, 0, 0, 0.0] for b in bs}
         sbd.generate(model, tok, [prompts[0]], method="sbd-verify", max_new_tokens=8)  # width costs
         for p, w in zip(prompts, want):
             for b in bs:
-                SETTINGS["behind"] = b
-                COUNTS["no draft"] = 0
-                t = time.perf_counter()
-                r = sbd.generate(model, tok, [p], method="sbd-verify", max_new_tokens=128)
-                seconds = time.perf_counter() - t
-                got = (r.nfe[0], len(r.token_ids[0]), seconds, r.token_ids[0] == w, COUNTS["no draft"])
-                for i, v in enumerate(got):
-                    tot[b][i] += v
-        print("\nthe defaults (lookup, else the head's chain, adaptive), interleaved\n\n| masks behind the head "
-              "| tokens / forward | forwards | forwards with no draft | same as NTP | time vs 0 |\n"
-              "|---:|---:|---:|---:|---:|---:|")
-        for b, x in tot.items():
-            rel = x[2] / tot[bs[0]][2]
-            print(f"| {b} | {x[1] / x[0]:.3f} | {x[0]} | {x[4]} | {x[3]}/{len(prompts)} | {rel:.3f} |")
+                got = one_pass(model, tok, [p], [w], b, max_new_tokens=128)
+                tot[b] = [x + y for x, y in zip(tot[b], got)]
+        print("\nthe defaults (lookup, else the head's chain, adaptive), interleaved\n\n" + header.format("time vs 0"))
+        for b, (nfe, tokens, same, empty, seconds) in tot.items():
+            print(row(str(b), nfe, tokens, same, empty, len(prompts), f"{seconds / tot[bs[0]][4]:.3f}"))
         return
-    for b in (int(x) for x in args.behind.split(",")):
-        SETTINGS["behind"] = b
-        COUNTS["no draft"] = 0
-        nfe = tokens = same = 0
-        t = time.perf_counter()
-        for p, w in zip(prompts, want):
-            r = sbd.generate(model, tok, [p], method="sbd-verify", block_size=8, draft="block", lookup=False,
-                             tree="chain", max_new_tokens=128)
-            nfe, tokens = nfe + r.nfe[0], tokens + len(r.token_ids[0])
-            same += r.token_ids[0] == w
-        seconds = time.perf_counter() - t
-        print(f"| {b} | {tokens / nfe:.3f} | {nfe} | {COUNTS['no draft']} | {same}/{len(prompts)} | "
-              f"{seconds:.0f} |", flush=True)
+    print(f"SmolLM2 + adapter{' and sampler head' if args.head else ''}, whole-block chains of 7, no lookup, "
+          f"{args.n} prompts of {args.prompts}\n\n" + header.format("seconds"))
+    for b in bs:
+        nfe, tokens, same, empty, seconds = one_pass(model, tok, prompts, want, b, block_size=8, draft="block",
+                                                     lookup=False, tree="chain", max_new_tokens=128)
+        print(row(str(b), nfe, tokens, same, empty, len(prompts), f"{seconds:.0f}"), flush=True)
 
 
 if __name__ == "__main__":
