@@ -511,7 +511,7 @@ class VerifyRow(Row):
         self.masked: list[bool] = []
         self._head_chain = 0  # values the sampler head's table took in the last `ask` (0: the masks' argmax)
         self._chain_m = 0  # tokens in the last `ask`'s chain
-        self._chain_probs = False  # the last `ask` also sent each chain token's drafting probability
+        self._sends_probs = False  # the last `ask` also sent each chain token's drafting probability
         self.chain_probs: list[float] | None = None  # those probabilities, read with the chain
 
     @property
@@ -525,7 +525,7 @@ class VerifyRow(Row):
         `masks` starts among the row's logits; `first`: the next-token head's token before them."""
         self._head_chain, self._chain_m = 0, masks.shape[0]
         # adaptive chains are cut by the drafter's confidence (`confident_length`): send it along
-        self._chain_probs = probs = (self.cost is not None and self.tree is None and self.REFUSAL_COST is not None
+        self._sends_probs = probs = (self.cost is not None and self.tree is None and self.REFUSAL_COST is not None
                                      and masks.shape[0] > 0 and (drafting is None or self.CUT_HEAD_CHAINS))
         if drafting is None or masks.shape[0] == 0:
             if not probs:
@@ -541,11 +541,11 @@ class VerifyRow(Row):
         probabilities, when they were sent, go to `chain_probs`."""
         m, self.chain_probs = self._chain_m, None
         if self._head_chain:
-            if not self._chain_probs:
+            if not self._sends_probs:
                 return walk(values[: self._head_chain], m)
             chain, self.chain_probs = walk(values[: self._head_chain], m, probs=True)
             return chain
-        if self._chain_probs:
+        if self._sends_probs:
             self.chain_probs = [float(v) for v in values[m : 2 * m]]
         return [int(v) for v in values[:m]]
 
