@@ -6,7 +6,7 @@ memory is sampled. Scenarios, each run with three requests at once:
   tokenization of it could fit in the prompt limit, it is refused before it is tokenized;
 - longest: the longest text the server tokenizes (4 x the longest vocabulary entry x the prompt limit
   in characters), tokenized in the server's thread pool and refused for its token count;
-- over: a 10 MB body (the tester's case in issue 26): refused with 413 before it is read;
+- over: a 10 MB body (the case of an earlier test run): refused with 413 before it is read;
 - decode: the longest valid requests (half the context as prompt, half as max_tokens), decoded.
 
     python benchmarks/serve_isolation.py --model demo --out benchmarks/results/serve_isolation.md

@@ -12,20 +12,27 @@ Where things live (imports point one way, down this list):
   sbd.sampler, sbd.masks   the EB rule and the attention masks (the method's two rules); sbd.modes
 """
 
-from . import masks, sampler
 from ._version import __version__  # noqa: F401 (sbd.__version__)
-from .decoding import GenerationResult, generate
 from .errors import SBDError
-from .models import add_mask_token, load
-from .training import SBDDataCollator
 
 __all__ = ["GenerationResult", "SBDDataCollator", "SBDError", "SBDTrainer", "add_mask_token", "generate", "load",
            "masks", "sampler"]
 
+# The public names load on first use: `import sbd` stays light (the console command takes over Ctrl-C
+# before torch is imported), and importing transformers.Trainer (SBDTrainer) takes seconds.
+_LAZY = {"GenerationResult": "decoding", "generate": "decoding", "add_mask_token": "models", "load": "models",
+         "SBDDataCollator": "training", "SBDTrainer": "training.trainer", "masks": None, "sampler": None}
+
 
 def __getattr__(name):
-    if name == "SBDTrainer":  # lazy: importing transformers.Trainer takes seconds
-        from .training.trainer import SBDTrainer
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
 
-        return SBDTrainer
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    where = _LAZY[name]
+    if where is None:
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        value = getattr(importlib.import_module(f".{where}", __name__), name)
+    globals()[name] = value
+    return value

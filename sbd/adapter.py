@@ -54,6 +54,10 @@ class AdapterConfig:
     # the fastest exact greedy sbd-verify configuration measured with this adapter (draft, lookup,
     # lookup_max, tree): the defaults of generate, the CLI, the server and lm-eval (sbd.decoding.defaults)
     decoding: dict | None = None
+    # the decodings it was trained for (sbd.decoding.trained_for): every block position masked in training
+    # fits sbd-verify's drafts; partially revealed blocks also fit plain SBD. Adapters written before this
+    # field were all trained with every position masked.
+    trained_for: list = field(default_factory=lambda: ["sbd-verify"])
 
     def __post_init__(self):
         if not isinstance(self.r, int) or self.r < 1:
@@ -62,6 +66,8 @@ class AdapterConfig:
             raise SBDError(f"adapter alpha must be a positive number, got {self.lora_alpha!r}")
         if not self.target_modules:
             raise SBDError("an adapter needs at least one target module")
+        if not isinstance(self.trained_for, list) or any(d not in ("sbd", "sbd-verify") for d in self.trained_for):
+            raise SBDError(f"an adapter's trained_for lists decodings among sbd, sbd-verify; got {self.trained_for!r}")
 
 
 class DraftingAdapter(nn.Module):

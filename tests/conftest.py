@@ -75,10 +75,11 @@ def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
 
 
 def attach_random_adapter(model, seed=0, scale=0.5, r=4):
-    """Attach a drafting adapter whose updates are large and random (a fresh one would be the identity)."""
+    """Attach a drafting adapter whose updates are large and random (a fresh one would be the identity); it
+    says it fits both decodings, so that the tests can drive the gate through plain SBD too."""
     from sbd import adapter as adapters
 
-    ad = adapters.attach(model, adapters.AdapterConfig(r=r, block_size=4))
+    ad = adapters.attach(model, adapters.AdapterConfig(r=r, block_size=4, trained_for=["sbd", "sbd-verify"]))
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in ad.lora_B.values():

@@ -103,7 +103,7 @@ def test_prompts_holding_the_mask_token_are_refused_everywhere(root, capsys, tmp
 def test_generate_api_and_cli_one_liners(root, llama, capsys):
     model, tok = sbd.load(root / "model")
     with pytest.raises(SBDError, match="prompt 0 is NoneType"):
-        sbd.generate(model, tok, [None])
+        sbd.generate(model, tok, [None], method="sbd")
     bad = tiny.random_model(tiny.tiny_config("llama", vocab_size=50, hidden=32, layers=1))
     bad.config.sbd_mask_token_id = 500
     with pytest.raises(SBDError, match="outside its 50 embeddings"):

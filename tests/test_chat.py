@@ -40,7 +40,7 @@ def test_generate_with_chat_decodes_the_templated_prompt(llama, chat_tokenizer):
 
 def test_no_template_is_a_one_line_error(llama, tokenizer, tmp_path, capsys):
     with pytest.raises(SBDError, match="chat template"):
-        sbd.generate(llama, tokenizer, ["hi"], chat=True)
+        sbd.generate(llama, tokenizer, ["hi"], method="sbd", chat=True)
     with pytest.raises(SBDError, match="role"):
         encode_prompts(tokenizer, [[{"content": "no role"}]], chat=True)
     from sbd.models import tiny

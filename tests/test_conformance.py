@@ -117,10 +117,10 @@ def test_ntp_equals_transformers_generate(model):
 
 def test_nfe_follows_the_rule_at_gamma_inf_and_zero(model):
     prompt = random_prompts(1, model.config.vocab_size, lengths=(6,))
-    full = sbd.generate(model, None, prompt, block_size=5, gamma=math.inf, max_new_tokens=23, eos_token_ids=[])
+    full = sbd.generate(model, None, prompt, method="sbd", block_size=5, gamma=math.inf, max_new_tokens=23, eos_token_ids=[])
     assert full.nfe == [5]  # blocks of 5, 5, 5, 5, 3
     assert full.steps[0] == [1] * 5 + [2] * 5 + [3] * 5 + [4] * 5 + [5] * 3
-    one = sbd.generate(model, None, prompt, block_size=5, gamma=0.0, max_new_tokens=23, eos_token_ids=[])
+    one = sbd.generate(model, None, prompt, method="sbd", block_size=5, gamma=0.0, max_new_tokens=23, eos_token_ids=[])
     assert one.nfe == [23]
     assert sorted(one.steps[0]) == list(range(1, 24))  # each forward revealed exactly one token
     for b in range(0, 23, 5):  # ... and only tokens of the block being decoded
@@ -130,7 +130,7 @@ def test_nfe_follows_the_rule_at_gamma_inf_and_zero(model):
 def test_revealed_tokens_are_fed_back_into_the_block(model):
     rec = Recorder()
     prompt = random_prompts(1, model.config.vocab_size, lengths=(6,))
-    out = sbd.generate(model, None, prompt, block_size=4, gamma=0.0, max_new_tokens=12, eos_token_ids=[],
+    out = sbd.generate(model, None, prompt, method="sbd", block_size=4, gamma=0.0, max_new_tokens=12, eos_token_ids=[],
                        observer=rec)
     mask_id = model.config.sbd_mask_token_id
     block_calls = rec.calls[1:]

@@ -207,6 +207,22 @@ def test_an_older_output_is_adopted_only_on_request_and_after_checking(model_dir
     assert out.read_text().startswith(text) and [r["index"] for r in _records(out)] == [0, 1, 2]
 
 
+def test_an_older_output_made_with_another_budget_is_not_adopted(model_dir, files, tmp_path, capsys):
+    a, _ = files
+    out = tmp_path / "d.jsonl"
+    assert main(_argv(model_dir, out, a)) == 0  # --max-new-tokens 8
+    legacy = [{k: v for k, v in r.items() if k != "source"} for r in _records(out)]
+    cut = [r for r in legacy if len(r["completion_ids"]) == 8]  # stopped by the budget, not by an EOS
+    assert cut, "the tiny model should run to the budget on some prompt"
+    out.write_text("".join(json.dumps(r) + "\n" for r in legacy))
+    distill_file.meta_path(out).unlink()
+    argv = _argv(model_dir, out, a, extra=["--adopt"])
+    argv[argv.index("--max-new-tokens") + 1] = "16"
+    assert main(argv) == 2
+    _one_line_error(capsys, "made with --max-new-tokens 8, not 16", "not adopted")
+    assert not distill_file.meta_path(out).exists()
+
+
 def test_a_read_only_place_is_one_line(model_dir, files, tmp_path, capsys, monkeypatch):
     a, b = files
     if sys.platform.startswith("linux") and os.path.isdir("/sys"):  # sysfs takes no new files, even from root

@@ -68,7 +68,7 @@ def test_an_int_seed_gives_each_row_its_own_stream(llama):
     assert out.token_ids[1] == sbd.generate(llama, None, [p], method="ntp", temperature=1.0, seed=4,
                                             max_new_tokens=16, eos_token_ids=[]).token_ids[0]
     with pytest.raises(SBDError, match="seed must be"):
-        sbd.generate(llama, None, [p, p], temperature=1.0, seed=[1])
+        sbd.generate(llama, None, [p, p], method="sbd", temperature=1.0, seed=[1])
 
 
 def _row(method, prompt, model, **kw):

@@ -69,7 +69,7 @@ def test_released_models_are_fp16_files_that_load_and_decode(run):
 
         with safe_open(str(run / "release" / mode / "model.safetensors"), "pt") as f:
             assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.float16}
-    out = sbd.generate(model, tok, ["Add up: 1 + 2 + 3 + 4\n"], max_new_tokens=8)
+    out = sbd.generate(model, tok, ["Add up: 1 + 2 + 3 + 4\n"], method="sbd", max_new_tokens=8)
     assert out.nfe[0] >= 1
 
 

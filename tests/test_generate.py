@@ -48,7 +48,7 @@ class ScriptedLM(torch.nn.Module):
 def test_eos_stops_only_once_every_earlier_position_is_revealed():
     # Prompt at positions 0-1, block at 2-5: EOS at 4 is the most certain, then 2, then 3, then 5.
     model = ScriptedLM({2: (10, 6.0), 3: (11, 4.0), 4: (EOS, 50.0), 5: (12, 2.0)})
-    out = sbd.generate(model, None, [[7, 8]], block_size=4, gamma=0.0, max_new_tokens=8)
+    out = sbd.generate(model, None, [[7, 8]], method="sbd", block_size=4, gamma=0.0, max_new_tokens=8)
     assert out.token_ids == [[10, 11, EOS]]  # position 5 is discarded
     assert out.steps == [[2, 3, 1]]  # EOS came first, the row stopped when 3 was revealed
     assert out.nfe == [3]
@@ -58,7 +58,7 @@ def test_no_forward_is_spent_after_the_predicted_end():
     """EOS-padded models predict EOS after the answer with the highest certainty; those positions are
     discarded, so the sampler may not spend forwards on them. Block 2-9, answer 2-4, EOS at 5."""
     script = {2: (10, 3.0), 3: (11, 4.0), 4: (12, 5.0), 5: (EOS, 6.0), **{p: (EOS, 50.0) for p in range(6, 10)}}
-    out = sbd.generate(ScriptedLM(script), None, [[7, 8]], block_size=8, gamma=0.0, max_new_tokens=8)
+    out = sbd.generate(ScriptedLM(script), None, [[7, 8]], method="sbd", block_size=8, gamma=0.0, max_new_tokens=8)
     assert out.token_ids == [[10, 11, 12, EOS]]
     assert out.steps == [[4, 3, 2, 1]] and out.nfe == [4]  # one forward per kept token, none after EOS
 
@@ -73,16 +73,16 @@ def test_gamma_zero_never_needs_more_forwards_than_tokens(block_size):
         conf = (torch.rand(64, generator=g) * 20 + 1).tolist()
         script = {2 + i: (10 + i % 15, conf[i]) for i in range(n)}
         script.update({2 + i: (EOS, conf[i] * (5 if trial % 2 else 1)) for i in range(n, 60)})
-        out = sbd.generate(ScriptedLM(script), None, [[7, 8]], block_size=block_size, gamma=0.0, max_new_tokens=48)
+        out = sbd.generate(ScriptedLM(script), None, [[7, 8]], method="sbd", block_size=block_size, gamma=0.0, max_new_tokens=48)
         assert len(out.token_ids[0]) == n + 1
         assert out.nfe[0] <= len(out.token_ids[0]), (trial, out.nfe, out.steps)
 
 
 def test_eos_in_a_later_block_and_budget_end():
     model = ScriptedLM({9: (EOS, 50.0)}, default=(6, 50.0))
-    out = sbd.generate(model, None, [[7, 8]], block_size=4, gamma=math.inf, max_new_tokens=20)
+    out = sbd.generate(model, None, [[7, 8]], method="sbd", block_size=4, gamma=math.inf, max_new_tokens=20)
     assert out.token_ids == [[6] * 7 + [EOS]] and out.nfe == [2]
-    short = sbd.generate(model, None, [[7, 8]], block_size=4, gamma=math.inf, max_new_tokens=6)
+    short = sbd.generate(model, None, [[7, 8]], method="sbd", block_size=4, gamma=math.inf, max_new_tokens=6)
     assert short.token_ids == [[6] * 6] and short.nfe == [2]  # blocks of 4 then 2 (the remainder)
 
 
@@ -95,11 +95,11 @@ def test_nan_logits_stop_decoding_with_a_clear_error():
 
 def test_stop_strings_cut_text_and_tokens(llama, tokenizer):
     prompt = "The quick brown"
-    free = sbd.generate(llama, tokenizer, [prompt], gamma=0.0, max_new_tokens=24, eos_token_ids=[])
+    free = sbd.generate(llama, tokenizer, [prompt], method="sbd", gamma=0.0, max_new_tokens=24, eos_token_ids=[])
     text = free.texts[0]
     stop = text[8:11]
     assert stop and stop.strip()
-    cut = sbd.generate(llama, tokenizer, [prompt], gamma=0.0, max_new_tokens=24, eos_token_ids=[], stop=[stop])
+    cut = sbd.generate(llama, tokenizer, [prompt], method="sbd", gamma=0.0, max_new_tokens=24, eos_token_ids=[], stop=[stop])
     assert cut.texts[0] == text[: text.index(stop)]
     n = len(cut.token_ids[0])
     assert cut.token_ids[0] == free.token_ids[0][:n] and n < 24
@@ -109,7 +109,7 @@ def test_stop_strings_cut_text_and_tokens(llama, tokenizer):
 
 
 def test_string_prompts_and_result_fields(llama, tokenizer):
-    out = sbd.generate(llama, tokenizer, ["hello", "The quick brown fox"], max_new_tokens=10)
+    out = sbd.generate(llama, tokenizer, ["hello", "The quick brown fox"], method="sbd", max_new_tokens=10)
     assert len(out.texts) == 2 and all(isinstance(t, str) for t in out.texts)
     assert out.tokens_per_forward == out.num_tokens / sum(out.nfe) and out.seconds > 0
     assert out.prompt_lengths == [len(tokenizer("hello").input_ids), len(tokenizer("The quick brown fox").input_ids)]
@@ -157,5 +157,5 @@ def test_sbd_without_a_mask_token_says_how_to_add_one(tokenizer):
 
     model = tiny.random_model(tiny.tiny_config("llama", vocab_size=len(tokenizer)))
     with pytest.raises(SBDError, match="add_mask_token"):
-        sbd.generate(model, tokenizer, ["hi"])
+        sbd.generate(model, tokenizer, ["hi"], method="sbd")
     assert sbd.generate(model, tokenizer, ["hi"], method="ntp", max_new_tokens=3).nfe == [3]

@@ -37,6 +37,8 @@ def test_mistakes_are_one_line(source, tmp_path, capsys, monkeypatch):
     assert "does not exist" in capsys.readouterr().err
     assert main(["import", str(tmp_path), "--out", str(tmp_path / "o2")]) == 2
     assert "neither a .gguf file" in capsys.readouterr().err
+    assert main(["import", str(tmp_path / "no-such-folder"), "--out", str(tmp_path / "o3")]) == 2
+    assert "'" + str(tmp_path / "no-such-folder") + "' does not exist" in capsys.readouterr().err
     full = tmp_path / "full"
     full.mkdir()
     (full / "x").write_text("x")

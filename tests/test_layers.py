@@ -20,7 +20,7 @@ PACKAGE = "sbd"
 # ("sbd" names only the package's __init__.py); an import may point to its own layer or any layer below,
 # never above. The same order as README.md "Layout" (tests/test_readme_results.py holds the two together).
 LAYERS = [
-    ["sbd.errors", "sbd._version"],
+    ["sbd.errors", "sbd._version", "sbd.interrupts"],
     ["sbd.modes", "sbd.masks", "sbd.sampler", "sbd.tasks"],
     ["sbd.adapter", "sbd.sampler_head"],
     ["sbd.models"],
@@ -28,7 +28,8 @@ LAYERS = [
     ["sbd.training", "sbd.evaluation", "sbd.benchmarking"],
     ["sbd.experiment", "sbd.serving"],
     ["sbd.cli"],
-    ["sbd"],  # the package's face, sbd/__init__.py: hands the public names on
+    ["sbd.integrations"],  # beside the library (vLLM's plug-in): nothing in sbd imports it
+    ["sbd", "sbd.console"],  # the package's face, and the `sbd` command's entry  # the package's face, sbd/__init__.py: hands the public names on
 ]
 
 

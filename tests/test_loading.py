@@ -22,7 +22,7 @@ def test_load_returns_a_working_model(saved):
     model, tokenizer = sbd.load(saved)
     assert model.config._attn_implementation == "sdpa" and not model.training
     assert model.config.sbd_mask_token_id == tokenizer.mask_token_id
-    out = sbd.generate(model, tokenizer, ["hello"], max_new_tokens=5)
+    out = sbd.generate(model, tokenizer, ["hello"], method="sbd", max_new_tokens=5)
     assert len(out.token_ids[0]) <= 5
 
 

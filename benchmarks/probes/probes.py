@@ -1,11 +1,12 @@
 #!/usr/bin/env python
-"""Issue 26, item 8: the tester's probes, re-run end to end as a script, each outcome counted.
+"""Robustness probes of sbd serve, distill, train and generate, re-run end to end as a script, each
+outcome counted.
 
 What it does: starts real `sbd serve` subprocesses on free ports (the demo model, `--threads 1`), drives them
 with the official `openai` client and `httpx`, runs `sbd distill`, `sbd train` and `sbd generate` in temp
 folders, and classifies every probe as one of
 
-  OK            the behaviour the issue requires
+  OK            the required behaviour
   silent-wrong  an answer or status that is wrong without saying so (wrong text with HTTP 200, a parameter
                 accepted and ignored, a 4xx that is not OpenAI's error shape, a 500 for a client mistake,
                 a slow /health, memory that does not come back, more than one line for a CLI mistake, ...)
@@ -14,8 +15,8 @@ folders, and classifies every probe as one of
   hang          a timeout (a request, a process that does not exit)
   crash         a process ended by a signal (or rc 134, C++'s abort), a server gone during a probe
 
-The probes are written against what issue 26 REQUIRES, not against what the code does today: a feature that
-is not built comes out non-OK. Groups (the issue's findings):
+The probes are written against the REQUIRED behaviour, not against what the code does today: a feature that
+is not built comes out non-OK. Groups:
 
   1 cross-request contamination    2 OpenAI parameters honoured or refused   3 big requests
   4 client mistakes are 4xx        5 Ctrl-C                                   6 API key
@@ -1507,7 +1508,7 @@ def report(out_dir: Path, info: dict, command: str, wall: float, quick: bool, se
     rows.append("| **all** | " + " | ".join(f"**{total[o]}**" for o in OUTCOMES) + f" | **{len(res)}** |")
     table = "\n".join(rows)
     bad = [r for r in res if r.outcome != "OK"]
-    lines = [f"# Issue 26 probes{' (--quick)' if quick else ''}", "",
+    lines = [f"# Robustness probes{' (--quick)' if quick else ''}", "",
              f"Written by `{command}` (run from the repository root) on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
              f"{wall:.0f} s wall.", "",
              f"Machine: {info['cores']} cores ({info['cpu']}), load average at start "
@@ -1515,11 +1516,11 @@ def report(out_dir: Path, info: dict, command: str, wall: float, quick: bool, se
              f"{info['torch']}, openai {info['openai']}, httpx {info['httpx']}; {info['platform']}.",
              f"Code: commit {info['commit']} ({info['commit_subject']}) with {info['uncommitted_files']} uncommitted "
              "files in the working tree (others were changing sbd/ while this ran).", "",
-             "Outcomes: OK = what issue 26 requires; silent-wrong = a wrong answer, status or body without a "
+             "Outcomes: OK = the behaviour a user expects; silent-wrong = a wrong answer, status or body without a "
              "traceback (a parameter accepted and not honoured, an error not in OpenAI's shape, a slow /health, "
              "more than one line for a CLI mistake); traceback = a traceback on stderr or a 500 not in OpenAI's shape; "
              "data-loss = a user's file changed or records lost; hang = a timeout; crash = a signal exit or a server "
-             "gone. Probes are written against what the issue requires, so a feature not built yet is non-OK.", "",
+             "gone. Probes are written against what a user expects, so a feature not built yet is non-OK.", "",
              "Servers (TMP: the run's temp folder; demo-chat is a copy of the demo model whose tokenizer has a "
              "chat template, since the shipped one has none and every chat request to it is a 400):", ""]
     lines += [f"- `{c}`" for c in setups]

@@ -1,4 +1,4 @@
-"""What the drafting adapter adds to a decoding forward (issues 27/28): SmolLM2-135M-Instruct with its
+"""What the drafting adapter adds to a decoding forward: SmolLM2-135M-Instruct with its
 shipped adapter, the forwards sbd-verify makes (w tokens over a cached prompt, the last w − c of them the
 gated block), timed with the adapter's gate off and on, interleaved round by round, medians.
 

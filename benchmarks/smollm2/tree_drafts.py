@@ -1,4 +1,4 @@
-"""Tree drafts against chain drafts (issue 28): SmolLM2-135M-Instruct with its shipped adapter, greedy,
+"""Tree drafts against chain drafts: SmolLM2-135M-Instruct with its shipped adapter, greedy,
 batch 1, through the chat template. Tokens per forward and wall time of each configuration, against
 Hugging Face greedy `generate` and Hugging Face prompt-lookup, in one process, configurations interleaved
 prompt by prompt; every output checked against the model's own greedy tokens.

@@ -20,6 +20,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def port_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port is between 1 and 65535, got {value}")
+    return value
+
+
 def gamma_value(text: str) -> float:
     try:
         value = float(text)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .. import interrupts
 from ..errors import SBDError
 from .args import gamma_value as _gamma
 from .args import positive_int as _positive
@@ -49,9 +50,10 @@ def _add_generate(sub) -> None:
                                    "and print the text, the forward passes (NFE), tokens per forward and tokens/s.")
     p.add_argument("prompts", nargs="+", help="one or more prompts (each a string)")
     p.add_argument("--model", required=True, help="local Hugging Face model folder (safetensors)")
-    p.add_argument("--method", default="sbd", choices=["sbd", "ntp", "sbd-verify"],
-                   help="sbd: set block decoding; ntp: one token per forward; sbd-verify: SBD drafts checked by "
-                        "the model's own next-token head, NTP's exact output in fewer forwards (default: sbd)")
+    p.add_argument("--method", default="sbd-verify", choices=["sbd-verify", "sbd", "ntp"],
+                   help="sbd-verify: SBD drafts checked by the model's own next-token head, its exact answers in "
+                        "fewer forwards (default, as in sbd serve); ntp: one token per forward; sbd: the paper's "
+                        "set block decoding, not the model's own answers (refused for a drafter not trained for it)")
     p.add_argument("--block-size", type=_positive, default=None,
                    help="tokens per block (default: the block size a drafting adapter was trained for, else the "
                         "model's recorded best, else 16)")
@@ -199,8 +201,9 @@ def _guarded(command, args) -> int:
         print(f"sbd: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        interrupts.leaving()  # a further Ctrl-C from here on ends the process at once, with the same status
         print("sbd: interrupted", file=sys.stderr)
-        return 130
+        return interrupts.STATUS
     return 0
 
 

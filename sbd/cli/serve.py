@@ -6,6 +6,7 @@ import os
 
 from ..errors import SBDError
 from .args import gamma_value as _gamma
+from .args import port_number as _port
 from .args import positive_int as _positive
 from .drafting import add_drafting_options, drafting_kwargs
 
@@ -24,7 +25,7 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--model", required=True, help="model folder, demo, or smollm2 (with its shipped adapter)")
     p.add_argument("--adapter", default=None, help="drafting adapter folder to attach to --model")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    p.add_argument("--port", type=_port, default=8000, help="TCP port, 1-65535 (default: 8000)")
     p.add_argument("--served-name", default=None, help="the model name clients send (default: --model's name)")
     p.add_argument("--max-batch", type=_positive, default=8, help="requests decoded at once (default: 8)")
     p.add_argument("--max-queue", type=_positive, default=64,

@@ -79,23 +79,28 @@ class ForwardRecord:
         return [(layer.keys[i, :, :n], layer.values[i, :, :n]) for layer in self.cache.layers]
 
 
+CAUSAL_BLOCKS = False  # the default of `Engine.causal_blocks` (benchmarks/vllm/causal_masks.py sets it)
+
+
 def columns(n_real: torch.Tensor, width: int) -> torch.Tensor:
     """(B, width): each column's index among its row's real tokens (rows right-aligned); < 0 for padding."""
     return torch.arange(width, device=n_real.device)[None] - (width - n_real)[:, None]
 
 
 def step_mask(lengths: torch.Tensor, n_real: torch.Tensor, n_commit: torch.Tensor, width: int,
-              visible: int, j: torch.Tensor | None = None) -> torch.Tensor:
+              visible: int, j: torch.Tensor | None = None, causal_blocks: bool = False) -> torch.Tensor:
     """(B, 1, width, visible) bool mask of one engine forward (True = may attend).
 
     Row b has `lengths[b]` cached positions and feeds `n_real[b]` tokens right-aligned in `width`
     columns, the first `n_commit[b]` causal, the rest one block. Its tokens sit at cache positions
     lengths[b] … lengths[b] + n_real[b] − 1. Causal queries see the cache and the earlier new tokens;
     block queries see the cache and every new token; padding queries see the row's first new token only
-    (no attention row may be empty). j: `columns(n_real, width)`, if the caller has it already."""
+    (no attention row may be empty). j: `columns(n_real, width)`, if the caller has it already.
+    causal_blocks: block queries too see only the new tokens up to themselves (what an engine with causal
+    attention only, such as vLLM's CPU backend, gives the masks)."""
     j = columns(n_real, width) if j is None else j
     rel = torch.arange(visible, device=lengths.device)[None, None] - lengths[:, None, None]  # (B, 1, visible)
-    causal = (j < n_commit[:, None])[..., None]
+    causal = (j < n_commit[:, None])[..., None] if not causal_blocks else torch.ones_like(j, dtype=torch.bool)[..., None]
     new = (rel >= 0) & (rel < n_real[:, None, None]) & (~causal | (rel <= j[..., None]))
     real = (j >= 0)[..., None]
     return ((real & ((rel < 0) | new)) | (~real & (rel == 0)))[:, None]
@@ -170,6 +175,9 @@ class Engine:
         self.cache_kw = cache_name(model)  # transformers >= 5.24 calls it `cache`
         self.adapter = adapter_of(model)
         self.sampler_head = head_of(model)  # drafts with it while it is enabled (`sbd.sampler_head`)
+        # masks attend causally among themselves too: what an engine whose attention is causal only gives
+        # them (vLLM on a CPU); a measurement switch (docs/serving.md), exact either way for sbd-verify
+        self.causal_blocks = CAUSAL_BLOCKS
 
     # -- rows ----------------------------------------------------------------------------------------
     # Row i always sits in cache slot i. The row list, the lengths and the cache slots change only
@@ -267,7 +275,7 @@ class Engine:
         c = torch.tensor([f.n_commit for f in feeds], dtype=torch.long, device=dev)
         j = columns(n, width)
         pos = (L[:, None] + j).clamp_min(0)
-        mask = step_mask(L, n, c, width, visible, j)
+        mask = step_mask(L, n, c, width, visible, j, self.causal_blocks)
         tree_layout(mask, pos, feeds, lengths)
         write_at = L[:, None] + torch.where(j >= 0, j, j + width)  # padding writes after the row's real tokens
         for layer in self.cache.layers:

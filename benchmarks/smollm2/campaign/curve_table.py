@@ -1,4 +1,4 @@
-"""The campaign's learning curve in one place (issue 27, item 6): every point of curve.json as a markdown
+"""The campaign's learning curve in one place: every point of curve.json as a markdown
 table, and a plot of held-out tokens per forward with the masks alone against the adapter's training
 sequences and against the distinct answers it was trained on.
 
@@ -9,7 +9,7 @@ the table says which, and the plot joins only points measured alike (leftover dr
 one session on the same prompts (one process) are the fair comparison; across sessions a 1–2% change is
 within what 10 prompts move.
 
-Below the table it prints what the curve says about budget (issue 27: "if a target is missed, say what
+Below the table it prints what the curve says about budget (the campaign's rule: "if a target is missed, say what
 budget would close it"): a least-squares line of masks-alone tokens per forward against the logarithm of
 the adapter's sequences (and of distinct answers), fitted to the points of the newest prompt set, and
 where that line crosses the target. An extrapolation, not a promise: the line assumes each doubling

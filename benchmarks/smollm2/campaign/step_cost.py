@@ -1,5 +1,6 @@
-"""Issue 27, item 2: the drafting adapter's training step, today's against the cheaper variants, on the
-campaign's own answers. One process, variants interleaved round by round on the same sequences.
+"""The self-distillation campaign's cheaper steps: the drafting adapter's training step, today's
+against the cheaper variants, on the campaign's own answers. One process, variants interleaved round by
+round on the same sequences.
 
 A step is timed whole: batch construction, both forwards, loss (masked CE + KL, as the shipped adapter
 trained), backward and AdamW. Reported per sequence and per trained target, medians over rounds.

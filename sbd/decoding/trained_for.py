@@ -1,0 +1,65 @@
+"""Which decodings a model's drafter was trained for, and what happens when a caller asks for another
+(SPEC §7 "What a drafter was trained for"): no decoding runs silently where it cannot work.
+
+- Plain SBD (`method="sbd"`) reveals tokens from the masks' own guesses: on a drafter never trained on
+  partially revealed blocks it writes fluent-looking nonsense. Refused in one line when the model records
+  what it was trained for and that is not among it; a loud warning when it records nothing.
+- sbd-verify is exact whatever the drafter, but masks that were never trained draft tokens the model
+  refuses, so every forward is wider than plain decoding's for ~1 token: a warning says so.
+
+Where the record lives: a drafting adapter's `adapter_config.json` (`trained_for`; adapters written before
+the field existed were all trained with every block position masked, i.e. for sbd-verify's drafts), a
+fully fine-tuned model's `config.json` (`sbd_trained_for`, written by `sbd train`).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from ..errors import SBDError
+
+DECODINGS = ("sbd", "sbd-verify")
+
+
+def trained_for(model) -> frozenset[str] | None:
+    """The decodings the model's drafter was trained for, or None when it records nothing."""
+    from ..adapter import adapter_of
+
+    adapter = adapter_of(model)
+    if adapter is not None:
+        return frozenset(adapter.config.trained_for)
+    record = getattr(getattr(model, "config", None), "sbd_trained_for", None)
+    if record is None:
+        return None
+    if not isinstance(record, (list, tuple)) or any(d not in DECODINGS for d in record):
+        raise SBDError(f"the model's config.json: sbd_trained_for lists decodings among {', '.join(DECODINGS)}, "
+                       f"got {record!r}")
+    return frozenset(record)
+
+
+def _warn_once(model, key: str, text: str) -> None:
+    said = model.__dict__.setdefault("_sbd_warned", set())
+    if key not in said:
+        said.add(key)
+        warnings.warn(text, UserWarning, stacklevel=4)
+
+
+def check_decoding(model, method: str) -> None:
+    """Refuse (SBDError) or warn about a decoding the model's drafter was not trained for."""
+    if method not in DECODINGS:
+        return
+    trained = trained_for(model)
+    if method == "sbd":
+        if trained is not None and "sbd" not in trained:
+            what = "drafting adapter" if "sbd-verify" in trained else "model"
+            raise SBDError(f"this {what} was not trained for plain SBD decoding (it records: "
+                           f"{', '.join(sorted(trained)) or 'next-token decoding only'}), which would write "
+                           "text the model never meant; use method='sbd-verify' (the model's own answers)")
+        if trained is None:
+            _warn_once(model, "sbd", "sbd: this model records no training for plain SBD decoding (config.json "
+                                     "sbd_trained_for); if its masks were not trained on partially revealed blocks "
+                                     "its answers will be nonsense: method='sbd-verify' keeps the model's own")
+    elif trained is None or "sbd-verify" not in trained:
+        _warn_once(model, "sbd-verify", "sbd: this model's masks were never trained for drafting (no drafting adapter "
+                                        "and no sbd_trained_for in its config.json): sbd-verify stays exact but its "
+                                        "drafts will mostly be refused, so it may run slower than method='ntp'")
