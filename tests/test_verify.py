@@ -314,3 +314,28 @@ def test_forward_costs_are_measured_once_per_model_and_batch(llama):
     assert relative_costs(llama, batch=2) is costs  # remembered, not re-timed
     f = forward_costs(llama, batch=2)
     assert f(1) == 1.0 and f(5) == pytest.approx(costs[4] + (costs[6] - costs[4]) / 2)
+
+
+def test_forward_costs_are_kept_on_disk_so_a_new_process_starts_at_once(llama, tmp_path, monkeypatch, capsys):
+    from sbd.decoding import width_cost
+
+    monkeypatch.setenv("SBD_CACHE", str(tmp_path))
+    timed = []
+    real = width_cost._measure
+    monkeypatch.setattr(width_cost, "_measure", lambda *a: timed.append(a[1]) or real(*a))
+    monkeypatch.setattr(width_cost, "_MEASURED", __import__("weakref").WeakKeyDictionary())
+    first = width_cost.relative_costs(llama, batch=3, context=16, repeats=1)
+    assert timed == [3] and "timing forwards" in capsys.readouterr().err
+    assert len(list((tmp_path / "forward_costs").glob("*.json"))) == 1
+    monkeypatch.setattr(width_cost, "_MEASURED", __import__("weakref").WeakKeyDictionary())  # a new process
+    again = width_cost.relative_costs(llama, batch=3, context=16, repeats=1)
+    assert timed == [3] and again == first and "timing" not in capsys.readouterr().err
+    # another batch size starts at once from the nearest batch timed ...
+    assert width_cost.relative_costs(llama, batch=5, context=16, repeats=1) == first and timed == [3]
+    monkeypatch.setattr(width_cost, "ESTIMATE_NEW_BATCHES", False)  # ... or is timed, when asked to
+    width_cost.relative_costs(llama, batch=4, context=16, repeats=1)
+    assert timed == [3, 4]
+    (tmp_path / "forward_costs" / (width_cost.disk_key(llama, 4, 16, 1) + ".json")).write_text("{torn")
+    monkeypatch.setattr(width_cost, "_MEASURED", __import__("weakref").WeakKeyDictionary())
+    width_cost.relative_costs(llama, batch=4, context=16, repeats=1)  # unreadable: measured again, no error
+    assert timed == [3, 4, 4]

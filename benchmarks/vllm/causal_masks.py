@@ -37,6 +37,12 @@ def prompt_sets(n: int) -> dict[str, list]:
     return {"gsm": load_prompts(f"task:gsm_symbolic?split=test&n={n}"), "mixed": other[:n]}
 
 
+def _cpu_name() -> str:
+    from sbd.decoding.width_cost import _cpu_name as name
+
+    return name()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=12, help="prompts per set")
@@ -77,7 +83,7 @@ def main() -> None:
     text = "\n".join([
         "# Causal attention among the masks: what it costs the shipped SmolLM2 drafter",
         "", f"`python {' '.join(sys.argv)}`", "",
-        f"{time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, {args.threads} threads, torch "
+        f"{time.strftime('%Y-%m-%d')}, {_cpu_name()}, {args.threads} threads, torch "
         f"{torch.__version__}, transformers {transformers.__version__}; {args.n} held-out prompts per set, chat "
         f"template, greedy, {args.max_new_tokens} new tokens, block 8 (the adapter's).", "", *lines, "",
         f"Same answers in all four runs of a prompt: {same}/{total}.", ""])

@@ -4,15 +4,24 @@
 giving the time of a w-token forward relative to a 1-token forward (interpolated between the widths
 timed). On an H100 the paper's roofline puts a 16-token forward at 1.004x; on a CPU the step from 1 to
 2 tokens alone can cost half a forward (a matrix-vector product becomes a matrix product), and the
-cost then grows with the width. Measured once per model, batch size and device, and remembered.
+cost then grows with the width. Measured once per model shape, batch size, device and machine, and
+remembered: in the process, and on disk (`$SBD_CACHE/forward_costs/`, as autotuners keep their
+measurements), so a new process starts at once; a measurement that has to be taken says so on stderr.
 """
 
 from __future__ import annotations
 
 import bisect
+import hashlib
+import json
+import math
+import os
+import platform
 import statistics
+import sys
 import time
 import weakref
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -28,6 +37,10 @@ from ..models.narrow_linear import uses_narrow_linear
 # (benchmarks/smollm2/results/adapter_forward_cost.md).
 WIDTHS = (1, 2, 3, 4, 6, 8, 9, 16, 17, 24, 25, 33)
 _MEASURED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# A batch size not timed yet on a model (and machine) that was: take the costs of the nearest batch size
+# timed, rather than stall the caller for seconds (a wide batched forward costs somewhat more than that
+# estimate says, so drafts may run a little long; the output is the same either way).
+ESTIMATE_NEW_BATCHES = True
 
 
 def _timed(model, ids, cache, past: int, device) -> float:
@@ -44,12 +57,93 @@ def _timed(model, ids, cache, past: int, device) -> float:
     return time.perf_counter() - t
 
 
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def disk_key(model, batch: int, context: int, repeats: int) -> str:
+    """What the costs depend on: the model's shapes (its config, a drafting adapter's rank), dtype,
+    device, narrow layers, the threads, the processor and torch's version (not its weights), then the
+    batch: `FAMILY-bBATCH`."""
+    from ..adapter import adapter_of
+
+    device = model.get_input_embeddings().weight.device
+    adapter = adapter_of(model)
+    config = model.config.to_dict()
+    for k in ("_name_or_path", "name_or_path", "transformers_version", "sbd_decoding", "sbd_trained_for"):
+        config.pop(k, None)
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
+    parts = [json.dumps(config, sort_keys=True, default=str), str(model.dtype), str(device), gpu,
+             str(uses_narrow_linear(model)), str(adapter.config.r if adapter is not None else 0),
+             str(context), str(repeats), str(torch.get_num_threads()), _cpu_name(), torch.__version__, str(WIDTHS)]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24] + f"-b{batch}"
+
+
+def _nearest_batch(key: str) -> tuple[int, dict[int, float]] | None:
+    """The costs kept for the same model and machine at the nearest other batch size, if any."""
+    family, batch = key.rsplit("-b", 1)
+    found = []
+    for path in _disk_file(family + "-b0").parent.glob(f"{family}-b*.json"):
+        other = int(path.stem.rsplit("-b", 1)[1])
+        costs = _read_disk(path.stem)
+        if costs is not None:
+            found.append((abs(math.log(other / int(batch))), other, costs))
+    return min(found)[1:] if found else None
+
+
+def _disk_file(key: str) -> Path:
+    from ..models.loading import cache_dir
+
+    return cache_dir() / "forward_costs" / f"{key}.json"
+
+
+def _read_disk(key: str) -> dict[int, float] | None:
+    try:
+        raw = json.loads(_disk_file(key).read_text())
+        costs = {int(w): float(c) for w, c in raw["costs"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # none yet, or unreadable: measure again
+    return costs if set(costs) == set(WIDTHS) and all(c >= 1.0 for c in costs.values()) else None
+
+
+def _write_disk(key: str, costs: dict[int, float]) -> None:
+    path = _disk_file(key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"costs": costs, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache: measured again next time
+
+
 def relative_costs(model, batch: int = 1, context: int = 64, repeats: int = 3) -> dict[int, float]:
     """{width: median time of a width-token forward / that of a 1-token forward} for `WIDTHS`."""
     key = (batch, str(model.get_input_embeddings().weight.device), uses_narrow_linear(model))
     known = _MEASURED.setdefault(model, {})
     if key in known:
         return known[key]
+    stored = disk_key(model, batch, context, repeats)
+    costs = _read_disk(stored)
+    near = _nearest_batch(stored) if costs is None and ESTIMATE_NEW_BATCHES else None
+    if near is not None:  # a new batch size on a model timed before: no stall, its nearest batch's costs
+        costs = near[1]
+    elif costs is None:
+        print(f"sbd: timing forwards of {len(WIDTHS)} widths at batch {batch} for adaptive drafting (once per model "
+              "shape, batch size and machine; kept in the cache folder)", file=sys.stderr, flush=True)
+        costs = _measure(model, batch, context, repeats)
+        _write_disk(stored, costs)
+    known[key] = costs
+    return costs
+
+
+def _measure(model, batch: int, context: int, repeats: int) -> dict[int, float]:
     device = model.get_input_embeddings().weight.device
     vocab = model.get_input_embeddings().num_embeddings
     g = torch.Generator().manual_seed(0)
@@ -69,7 +163,6 @@ def relative_costs(model, batch: int = 1, context: int = 64, repeats: int = 3) -
     wider = float("inf")
     for w in sorted(costs, reverse=True):  # a forward never costs more than a wider one: timing noise out
         costs[w] = wider = min(costs[w], wider) if w > 1 else 1.0
-    known[key] = costs
     return costs
 
 
