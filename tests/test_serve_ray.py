@@ -64,10 +64,13 @@ def _wait_running(n: int, timeout: float = 180) -> None:
 
 
 def _replica_pids() -> list[int]:
-    from ray.util.state import list_actors
-
-    return [a.pid for a in list_actors(filters=[("state", "=", "ALIVE")])
-            if "ServeReplica" in (a.class_name or "") and a.pid]
+    """The process of each replica (asked of the replica actors themselves: no dashboard needed)."""
+    pids = []
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        if "REPLICA" in entry["name"].upper():
+            actor = ray.get_actor(entry["name"], namespace=entry["namespace"])
+            pids.append(ray.get(actor.__ray_call__.remote(lambda self: os.getpid()), timeout=60))
+    return pids
 
 
 def _ask_until_routed(client, prompt: str, deadline: float):

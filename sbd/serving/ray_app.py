@@ -3,7 +3,7 @@
 Ray Serve puts one HTTP proxy in front and routes each request to a replica; each replica decodes its
 requests with continuous batching as `sbd serve` does. A fixed number of replicas (`replicas`) or
 autoscaling (`autoscaling`, Ray's own config: min/max replicas and the ongoing requests per replica
-to aim for; a sensible target is the engine's `max_batch`). Needs `pip install "ray[serve]"`.
+to aim for; a sensible target is the engine's `max_batch`). Needs `pip install 'sbd-lm[ray]'`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def application(model: str, *, adapter: str | None = None, config=None, threads:
     try:
         from ray import serve
     except ImportError:
-        raise SBDError('Ray Serve is not installed: pip install "ray[serve]"') from None
+        raise SBDError("Ray Serve is not installed: pip install 'sbd-lm[ray]'") from None
     from .config import ServerConfig
 
     config = config or ServerConfig()
@@ -55,7 +55,7 @@ def run_ray(model: str, config, *, adapter: str | None = None, device: str = "cp
         import ray
         from ray import serve
     except ImportError:
-        raise SBDError('sbd serve --replicas needs Ray Serve: pip install "ray[serve]"') from None
+        raise SBDError("sbd serve --replicas needs Ray Serve: pip install 'sbd-lm[ray]'") from None
 
     ray.init(include_dashboard=False)
     serve.start(http_options={"host": host, "port": port})
