@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 from ..errors import SBDError
 from .args import gamma_value as _gamma
@@ -100,6 +101,7 @@ def cmd_serve(args) -> None:
                 threads=args.threads or 1, replicas=args.replicas)
         return
     try:
+        print(f"sbd: loading {args.model}…", file=sys.stderr, flush=True)  # seconds; a first smollm2 imports its GGUF
         model, tokenizer = load(args.model, adapter=args.adapter, device=args.device)
         config = config_from_args(args, model)
         from ..serving.app import create_app
