@@ -18,7 +18,7 @@ from test_verify import MASK, TwoHeadLM
 
 import sbd
 from sbd import adapter as adapters
-from sbd.decoding import trees
+from sbd.decoding import lookup, trees
 from sbd.decoding.engine import Engine
 from sbd.decoding.rows import VerifyRow, make_row
 
@@ -42,10 +42,13 @@ def _grown(prompt, tokens, cap, rng):
     row's lookup and the oracle after every growth."""
     row = VerifyRow(prompt, block_size=4, mask_id=MASK, lookup=True, lookup_max=cap, max_new=len(tokens) + 1)
     got, want = [row._lookup()], [scan_lookup(list(prompt), cap)]
+    shared = [lookup.draft(list(prompt), cap)]  # the rule as the vLLM plug-in calls it
     while len(row.out) < len(tokens):
         row.out += tokens[len(row.out) : len(row.out) + rng.randint(1, 5)]
         got.append(row._lookup())
         want.append(scan_lookup(row.prompt + row.out, cap))
+        shared.append(lookup.draft(row.prompt + row.out, cap))
+    assert shared == want
     return got, want
 
 

@@ -170,6 +170,8 @@ def _options(**fields):
     (dict(method="ntp", gamma=0.5), "gamma"),
     (dict(logit_bias={"05": 1.0}), "logit_bias"),
     (dict(logit_bias={"5": 100, "05": -100}), "logit_bias"),
+    (dict(lookup=False, lookup_max=4), "lookup_max"),
+    (dict(method="ntp", lookup_max=4), "lookup_max"),
 ])
 def test_request_fields_nothing_would_read_are_a_400_naming_them(fields, param):
     pytest.importorskip("fastapi")
@@ -221,3 +223,19 @@ def test_a_shipped_name_shadowed_by_a_local_folder_loads_the_shipped_model_and_s
     local, _ = sbd.load("./demo")
     assert shipped.config.vocab_size != local.config.vocab_size  # the shipped demo model, then the folder
     assert sbd.load(tmp_path / "demo")[0].config.vocab_size == local.config.vocab_size  # a Path is a folder
+
+
+def test_a_resumed_runs_metrics_list_each_step_once(tmp_path):
+    import json
+    from types import SimpleNamespace
+
+    from sbd.training.trainer import _MetricsLog
+
+    path = tmp_path / "metrics.jsonl"
+    lines = [{"step": 5, "loss": 2.0}, {"step": 7, "loss": 1.5}, {"step": 7, "train_runtime": 9.0},  # interrupted at 7
+             {"step": 9, "loss": 1.0}]  # past the checkpoint the run resumes from
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    _MetricsLog(path).on_train_begin(None, SimpleNamespace(is_world_process_zero=True, global_step=7), None)
+    kept = [json.loads(ln) for ln in path.read_text().splitlines()]
+    assert kept == lines[:2]
+    assert len({e["step"] for e in kept}) == len(kept)

@@ -320,6 +320,7 @@ def test_forward_costs_are_kept_on_disk_so_a_new_process_starts_at_once(llama, t
     from sbd.decoding import width_cost
 
     monkeypatch.setenv("SBD_CACHE", str(tmp_path))
+    monkeypatch.delenv("SBD_COSTS_CACHE", raising=False)
     timed = []
     real = width_cost._measure
     monkeypatch.setattr(width_cost, "_measure", lambda *a: timed.append(a[1]) or real(*a))

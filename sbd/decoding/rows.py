@@ -31,7 +31,7 @@ from ..errors import SBDError
 from ..masks import tree_mask
 from ..sampler import entropy_and_argmax, error_proxy, pick_tokens
 from ..sampler_head import walk
-from . import trees
+from . import lookup, trees
 from .engine import Feed
 from .processing import Processing, bias_vector, pick, processed, read_logprobs, target_probs, token_logprobs
 
@@ -451,7 +451,7 @@ class VerifyRow(Row):
     # instead of drafting afresh in the right context): demo block 8 3.68 vs 3.90 tokens per forward,
     # SmolLM2 chain 1.26 vs 1.41, tree 3,2 1.31 vs 1.58 (docs/results_smollm2.md).
     REUSE_LEFTOVER = False
-    LOOKUP_NGRAMS = (3, 2)  # prompt lookup: match the last 3 tokens, else the last 2
+    LOOKUP_NGRAMS = lookup.NGRAMS  # prompt lookup: match the last 3 tokens, else the last 2
     # The longest prompt-lookup draft. A lookup draft runs as long as its earlier occurrence does and is
     # fed without masks (`feed`), so it costs its own width only: 16 makes a lookup forward (1 + 16) no
     # wider than a verifying forward of the default block of 16 (2·16 + 1), so the default engine width
@@ -596,8 +596,7 @@ class VerifyRow(Row):
                 continue
             s = self._index[g].get(tuple(seq[-g:]))
             if s is not None:
-                period = len(seq) - s - g  # what follows the match, up to the end, repeats from there
-                return [seq[s + g + i % period] for i in range(self.lookup_max)]
+                return lookup.continuation(seq, s, g, self.lookup_max)
         return []
 
     def _next_draft(self, masks_draft: list[int]) -> None:

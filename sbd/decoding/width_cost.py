@@ -5,7 +5,7 @@ giving the time of a w-token forward relative to a 1-token forward (interpolated
 timed). On an H100 the paper's roofline puts a 16-token forward at 1.004x; on a CPU the step from 1 to
 2 tokens alone can cost half a forward (a matrix-vector product becomes a matrix product), and the
 cost then grows with the width. Measured once per model shape, batch size, device and machine, and
-remembered: in the process, and on disk (`$SBD_CACHE/forward_costs/`, as autotuners keep their
+remembered: in the process, and on disk (`$SBD_CACHE/forward_costs/`, or `$SBD_COSTS_CACHE`, as autotuners keep their
 measurements), so a new process starts at once; a measurement that has to be taken says so on stderr.
 """
 
@@ -98,9 +98,11 @@ def _nearest_batch(key: str) -> tuple[int, dict[int, float]] | None:
 
 
 def _disk_file(key: str) -> Path:
+    """$SBD_COSTS_CACHE/KEY.json, else the cache folder's forward_costs/KEY.json."""
     from ..models.loading import cache_dir
 
-    return cache_dir() / "forward_costs" / f"{key}.json"
+    folder = os.environ.get("SBD_COSTS_CACHE")
+    return (Path(folder) if folder else cache_dir() / "forward_costs") / f"{key}.json"
 
 
 def _read_disk(key: str) -> dict[int, float] | None:

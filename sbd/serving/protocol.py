@@ -244,6 +244,8 @@ def options(req: DecodingFields, limits: Limits, default_block: int, vocab: int,
     if req.lookup_max is not None and not 1 <= req.lookup_max <= limits.lookup_max_limit:
         raise bad(f"lookup_max must be between 1 and {limits.lookup_max_limit}", "lookup_max")
     lookup_max = req.lookup_max if req.lookup_max is not None else base.lookup_max
+    if req.lookup_max is not None and not lookup:
+        raise bad("lookup_max sets the longest prompt-lookup draft; lookup is off for this request", "lookup_max")
     tree = _tree(req.tree, base.tree if fits else None)
     if tree is not None and not fits:
         raise bad("tree applies to method sbd-verify, greedy (temperature 0), draft block or adaptive", "tree")

@@ -551,7 +551,8 @@ class _ProgressBar(TrainerCallback):
 
 
 class _MetricsLog(TrainerCallback):
-    """Appends every log entry as one json line; on resume, drops lines past the resumed step."""
+    """Appends every log entry as one json line; on resume, drops lines past the resumed step and the
+    interrupted run's closing summary."""
 
     def __init__(self, path):
         self.path = str(path)
@@ -567,7 +568,9 @@ class _MetricsLog(TrainerCallback):
                 except ValueError:
                     torn += 1  # an interrupted write
                     continue
-                if isinstance(entry, dict) and entry.get("step", 0) <= state.global_step:
+                # a resumed run keeps what was logged up to its step, but not the interrupted run's closing
+                # summary (train_runtime …): it sits at a step the resumed run logs again, listing it twice
+                if isinstance(entry, dict) and entry.get("step", 0) <= state.global_step and "train_runtime" not in entry:
                     lines.append(ln if ln.endswith("\n") else ln + "\n")
         if torn:
             print(f"sbd: dropped {torn} unreadable line(s) of {self.path} (an interrupted write)", file=sys.stderr)
