@@ -130,8 +130,12 @@ def test_server_requests_take_the_server_defaults_and_may_switch_them():
 
     o = opts()
     assert (o.draft, o.lookup, o.lookup_max, o.tree) == ("block", True, 16, (2,))
-    o = opts(tree="chain", lookup=False, lookup_max=7)
-    assert (o.lookup, o.lookup_max, o.tree) == (False, 7, None)
+    o = opts(tree="chain", lookup=False)
+    assert (o.lookup, o.tree) == (False, None)
+    assert opts(lookup_max=7).lookup_max == 7
+    with pytest.raises(APIError) as e:  # nothing would read it: a 400, not silence
+        opts(lookup=False, lookup_max=7)
+    assert e.value.param == "lookup_max"
     assert opts(tree=[3, 1]).tree == (3, 1) and opts(tree="3,1").tree == (3, 1)
     o = opts(temperature=0.7)  # sampling: the plain settings
     assert (o.draft, o.lookup, o.tree) == ("block", False, None)

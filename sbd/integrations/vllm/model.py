@@ -1,0 +1,330 @@
+"""vLLM model classes that carry sbd's drafting adapter: the plain model everywhere except at the masks.
+
+`SBDDrafting` is mixed into vLLM's own Llama / Mistral / Qwen2 / Qwen3 classes. Three things differ from
+the plain class, and none of them touches a committed position, so vLLM's outputs stay its own:
+
+1. Gate. The adapter's low-rank updates `(alpha/r) B A x` and its mask embedding act on the gated rows
+   only: the trailing mask tokens among the speculative tokens vLLM scheduled for a request this step
+   (`InputBatch.spec_token_ids`, which only our proposer fills). A prompt token, the sampled token or a
+   draft token is never gated, even when it happens to be the mask id. The proposer hands the model a
+   view of the runner's batch (`sbd_bind`); until it does (no speculation), nothing is ever gated.
+2. Logits. `compute_logits` sets the mask token's logit to -inf on every row: vLLM never samples it,
+   never gives it a logprob, and its rejection sampler always refuses a mask drafted as a speculative
+   token, so the masks' KV is rolled back (`num_computed_tokens -= num_rejected`) and never reaches the
+   prefix cache (only `request.num_tokens` tokens are ever hashed).
+3. Stash. The final hidden states of the gated rows and their logits from vLLM's own `compute_logits`
+   pass (no second lm_head pass) stay on the model (`sbd_take_stash`) for the proposer, which runs in
+   the same worker process right after this step's sampling. A step without speculative tokens runs
+   the plain forward with the adapter's hooks detached (nothing of the plug-in's runs in the layers).
+
+The model always runs eagerly (`do_not_compile` on the inner model): the gated rows differ in number
+from step to step, and the updates are forward hooks on vLLM's fused linear layers (qkv_proj,
+gate_up_proj: the q/k/v and gate/up updates are stacked into one A and a block-diagonal B).
+Tensor parallelism is not supported (the updates are not sharded).
+
+Adapter location: the model folder's config key `sbd_adapter` (a path, relative to the folder or
+absolute; settable with `hf_overrides`), else the sub-folder `sbd_adapter/` when it exists. Without an
+adapter the class is the plain model with the mask logit at -inf (the proposer then drafts by lookup
+only). A sampler head saved beside the adapter is loaded too (`sbd_sampler_head: false` skips it).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from vllm.forward_context import is_forward_context_available
+from vllm.model_executor.models.llama import LlamaForCausalLM
+from vllm.model_executor.models.mistral import MistralForCausalLM
+from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
+from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
+
+logger = logging.getLogger("vllm.sbd")  # under "vllm": vLLM's own handler prints it
+
+ADAPTER_DIR = "sbd_adapter"
+# vLLM's fused linear layers and the Hugging Face module names they stack, in output order
+_FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj"),
+          "o_proj": ("o_proj",), "down_proj": ("down_proj",)}
+
+
+@dataclass
+class Stash:
+    """What one forward's gated rows produced, for the proposer. segments: one per request with masks,
+    (batch index, request id, draft tokens before its masks, first chain row, masks): the chain rows are
+    masks 2..m (the first mask sits where the bonus token goes; its output drafts nothing), m − 1 rows
+    per request, requests in batch order. hidden: (chain rows, H), their final (normed) hidden states
+    (the sampler head reads them); logits: (chain rows, V), their logits as `compute_logits` computed them
+    for vLLM's sampler (mask column -inf), taken from that one pass; None until it ran.
+    logit_rows / n_logits: where the chain rows sit among `compute_logits`' rows, and how many it gets."""
+
+    segments: list[tuple[int, str, int, int, int]]
+    hidden: torch.Tensor
+    logit_rows: torch.Tensor
+    n_logits: int
+    logits: torch.Tensor | None = None
+
+
+class _Update:
+    """One fused layer's gated update: out[rows] += scale * (x[rows] @ A^T) @ B^T."""
+
+    def __init__(self, a: torch.Tensor, b: torch.Tensor, scale: float):
+        self.a_t, self.b_t, self.scale = a.t().contiguous(), b.t().contiguous(), scale
+
+    def hook(self, owner):
+        def hook(module, args, output):
+            rows = owner._sbd_rows
+            if rows is None:
+                return None
+            out = output[0] if isinstance(output, tuple) else output
+            x = args[0].index_select(0, rows)
+            out.index_add_(0, rows, (x @ self.a_t) @ self.b_t, alpha=self.scale)
+            return None
+        return hook
+
+
+class _Tables:
+    """The two tables `sbd.sampler_head.draft_table` reads, from vLLM's embedding and output layers."""
+
+    def __init__(self, model):
+        self._model = model
+
+    def get_input_embeddings(self):
+        return self._model.model.embed_tokens
+
+    def get_output_embeddings(self):
+        return self._model.lm_head
+
+
+class SBDDrafting:
+    """Mixed in before a vLLM `*ForCausalLM` class (see the module docstring)."""
+
+    def _sbd_init(self, vllm_config) -> None:
+        cfg = vllm_config.model_config.hf_config
+        mask_id = getattr(cfg, "sbd_mask_token_id", None)
+        if mask_id is None:
+            raise ValueError("the model's config has no sbd_mask_token_id: add the mask token with sbd first "
+                             "(sbd import / sbd.add_mask_token)")
+        if vllm_config.parallel_config.tensor_parallel_size != 1:
+            raise ValueError("sbd's vLLM plug-in supports tensor_parallel_size=1 only (the adapter is not sharded)")
+        self.sbd_mask_id = int(mask_id)
+        self._sbd_folder = Path(vllm_config.model_config.model)
+        self._sbd_cfg = cfg
+        self._sbd_rows: torch.Tensor | None = None
+        self._sbd_stash: Stash | None = None
+        self._sbd_batch = None
+        self._sbd_mask_embedding: torch.Tensor | None = None
+        self._sbd_hooks: list = []  # (module, forward hook) of the adapter's updates
+        self._sbd_handles: list = []  # their handles while attached (`_sbd_set_hooks`)
+        self._sbd_hooked = False
+        self.sbd_adapter_config = None
+        self.sbd_head = None  # plain attributes, not submodules: vLLM checks every parameter was loaded
+        self.model.do_not_compile = True  # see the module docstring
+
+    # -- loading ----------------------------------------------------------------------------------
+    def _sbd_adapter_folder(self) -> Path | None:
+        named = getattr(self._sbd_cfg, "sbd_adapter", None)
+        if named:
+            path = Path(named)
+            path = path if path.is_absolute() else self._sbd_folder / path
+            if not path.is_dir():
+                raise ValueError(f"sbd_adapter names {str(path)!r}, which is not a folder")
+            return path
+        path = self._sbd_folder / ADAPTER_DIR
+        return path if path.is_dir() else None
+
+    def load_weights(self, weights):
+        loaded = super().load_weights(weights)
+        folder = self._sbd_adapter_folder()
+        if folder is not None:
+            self._sbd_load_adapter(folder)
+        return loaded
+
+    def _sbd_load_adapter(self, folder: Path) -> None:
+        from sbd import adapter as sbd_adapter
+
+        config = sbd_adapter.read_config(folder)
+        if config.mask_token_id != self.sbd_mask_id:
+            raise ValueError(f"the adapter in {folder} was made for mask token {config.mask_token_id}, the model's "
+                             f"is {self.sbd_mask_id}")
+        tensors = sbd_adapter.read_tensors(folder / sbd_adapter.WEIGHTS_NAME, f"{folder} has no adapter weights")
+        embed = self.model.embed_tokens.weight
+        dtype, prefix = embed.dtype, "base_model.model."
+        mask = [t for k, t in tensors.items() if k.endswith(".sbd_mask_embedding")]
+        if len(mask) != 1:
+            raise ValueError(f"{folder}: the adapter holds no mask embedding")
+        self._sbd_mask_embedding = mask[0].to(dtype)
+        scale = config.lora_alpha / config.r
+        self._sbd_set_hooks(False)  # weights loaded again (a reload): the new adapter replaces the old
+        self._sbd_hooks = []
+        for name, module in self.named_modules():
+            parts = _FUSED.get(name.rsplit(".", 1)[-1])
+            if parts is None or not hasattr(module, "weight"):
+                continue
+            base = name.rsplit(".", 1)[0]
+            a_parts, b_parts = [], []
+            sizes = _output_sizes(module, len(parts))
+            for part, size in zip(parts, sizes):
+                a = tensors.get(f"{prefix}{base}.{part}.lora_A.weight")
+                b = tensors.get(f"{prefix}{base}.{part}.lora_B.weight")
+                if a is None or b is None:
+                    if part in config.target_modules:
+                        raise ValueError(f"{folder} lacks {base}.{part}: the adapter was made for another model")
+                    a = torch.zeros(config.r, module.weight.shape[1])  # a layer it does not target: zero block
+                    b = torch.zeros(size, config.r)
+                if b.shape[0] != size:
+                    raise ValueError(f"{folder}: {base}.{part} has {b.shape[0]} outputs, the model {size}")
+                a_parts.append(a.to(dtype))
+                b_parts.append(b.to(dtype))
+            if all(not b.any() for b in b_parts):
+                continue
+            update = _Update(torch.cat(a_parts), torch.block_diag(*b_parts), scale)
+            self._sbd_hooks.append((module, update.hook(self)))
+        hooked = len(self._sbd_hooks)
+        if hooked == 0:
+            raise ValueError(f"{folder}: none of the adapter's tensors fits a layer of {type(self).__name__}")
+        self.sbd_adapter_config = config
+        from sbd import sampler_head
+
+        if sampler_head.has_head(folder) and getattr(self._sbd_cfg, "sbd_sampler_head", True):
+            hcfg = sampler_head.read_config(folder)
+            if hcfg.hidden_size != embed.shape[1]:
+                raise ValueError(f"{folder}: the sampler head was made for hidden size {hcfg.hidden_size}")
+            head = sampler_head.SamplerHead(hcfg, dtype=torch.float32)
+            saved = sbd_adapter.read_tensors(folder / sampler_head.WEIGHTS_NAME, f"{folder} has no head weights")
+            head.load_state_dict({k: v.float() for k, v in saved.items()})
+            object.__setattr__(self, "sbd_head", head.eval())  # not a submodule (see _sbd_init)
+        logger.info("sbd: drafting adapter from %s on %d layers%s", folder, hooked,
+                    " with its sampler head" if self.sbd_head is not None else "")
+
+    # -- the proposer's side ------------------------------------------------------------------------
+    def sbd_bind(self, batch_view) -> None:
+        """`batch_view()` -> (request ids, scheduled speculative tokens per request, query start locations
+        (num_reqs + 1)), all in the order of this step's flattened batch. Set by the proposer."""
+        self._sbd_batch = batch_view
+
+    def sbd_take_stash(self) -> Stash | None:
+        stash, self._sbd_stash = self._sbd_stash, None
+        return stash
+
+    def sbd_mask_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The masks' own logits for drafting (the mask token itself excluded), projected again: only a
+        fallback, the proposer takes them from `compute_logits`' pass (`Stash.logits`)."""
+        logits = super().compute_logits(hidden.to(self.model.embed_tokens.weight.dtype)).float()
+        logits[:, self.sbd_mask_id] = torch.finfo(logits.dtype).min
+        return logits
+
+    def sbd_tables(self) -> _Tables:
+        return _Tables(self)
+
+    # -- the forward --------------------------------------------------------------------------------
+    def _sbd_gate(self, input_ids: torch.Tensor | None):
+        """(rows, chain rows, stash layout) of this forward's gated rows, or None."""
+        if self._sbd_batch is None or self._sbd_mask_embedding is None or input_ids is None:
+            return None
+        req_ids, specs, qsl = self._sbd_batch()
+        if not any(specs):  # no speculative tokens this step: a plain forward
+            return None
+        if not is_forward_context_available():
+            return None
+        mask, rows, chain, logit_rows, segments, n_logits = self.sbd_mask_id, [], [], [], [], 0
+        for i, spec in enumerate(specs):
+            n = len(spec)
+            n_logits += n + 1  # vLLM takes logits at every draft row and the bonus row (1 without drafts)
+            m = 0
+            while m < n and spec[n - 1 - m] == mask:
+                m += 1
+            if m == 0:
+                continue
+            end = int(qsl[i + 1])
+            segments.append((i, req_ids[i], n - m, len(chain), m))
+            rows.extend(range(end - m, end))
+            chain.extend(range(end - m + 1, end))
+            logit_rows.extend(range(n_logits - m + 1, n_logits))
+        if not rows:
+            return None
+        device = input_ids.device
+        index = torch.tensor(rows, dtype=torch.long, device=device)
+        if not bool((input_ids.index_select(0, index) == mask).all()):
+            logger.warning("sbd: the batch layout does not match the scheduled masks; gate left off this step")
+            return None
+        return (index, torch.tensor(chain, dtype=torch.long, device=device), segments,
+                torch.tensor(logit_rows, dtype=torch.long, device=device), n_logits)
+
+    def _sbd_set_hooks(self, on: bool) -> None:
+        """The adapter's forward hooks are attached only for forwards with gated rows: a module with no
+        hook at all takes PyTorch's fast call path, so a plain step pays nothing for them."""
+        if on == self._sbd_hooked:
+            return
+        if on:
+            self._sbd_handles = [m.register_forward_hook(h) for m, h in self._sbd_hooks]
+        else:
+            for handle in self._sbd_handles:
+                handle.remove()
+            self._sbd_handles = []
+        self._sbd_hooked = on
+
+    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs):
+        self._sbd_stash = None
+        gate = self._sbd_gate(input_ids)
+        if gate is None:
+            self._sbd_set_hooks(False)
+            return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
+        rows, chain, segments, logit_rows, n_logits = gate
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_input_ids(input_ids)
+        inputs_embeds[rows] = self._sbd_mask_embedding
+        self._sbd_rows = rows
+        self._sbd_set_hooks(True)
+        try:
+            hidden = super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
+        finally:
+            self._sbd_rows = None
+        if isinstance(hidden, torch.Tensor):
+            self._sbd_stash = Stash(segments, hidden.index_select(0, chain), logit_rows, n_logits)
+        return hidden
+
+    def compute_logits(self, hidden_states):
+        logits = super().compute_logits(hidden_states)
+        if logits is not None:
+            logits[:, self.sbd_mask_id] = float("-inf")
+            stash = self._sbd_stash
+            if stash is not None and stash.logits is None and logits.shape[0] == stash.n_logits:
+                # the masks' drafting logits, from vLLM's own pass (a copy: the sampler may scale in place)
+                stash.logits = logits.index_select(0, stash.logit_rows)
+        return logits
+
+
+def _output_sizes(module, n: int) -> list[int]:
+    """The output width of each stacked part of a fused vLLM linear layer (TP = 1)."""
+    if n == 1:
+        return [module.weight.shape[0]]
+    if hasattr(module, "output_sizes"):  # MergedColumnParallelLinear, QKVParallelLinear
+        return list(module.output_sizes)
+    raise ValueError(f"cannot split the outputs of {type(module).__name__}")
+
+
+class SBDLlamaForCausalLM(SBDDrafting, LlamaForCausalLM):
+    def __init__(self, *, vllm_config, prefix: str = "", **kwargs):
+        super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
+        self._sbd_init(vllm_config)
+
+
+class SBDMistralForCausalLM(SBDDrafting, MistralForCausalLM):
+    def __init__(self, *, vllm_config, prefix: str = "", **kwargs):
+        super().__init__(vllm_config=vllm_config, prefix=prefix, **kwargs)
+        self._sbd_init(vllm_config)
+
+
+class SBDQwen2ForCausalLM(SBDDrafting, Qwen2ForCausalLM):
+    def __init__(self, *, vllm_config, prefix: str = ""):
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        self._sbd_init(vllm_config)
+
+
+class SBDQwen3ForCausalLM(SBDDrafting, Qwen3ForCausalLM):
+    def __init__(self, *, vllm_config, prefix: str = ""):
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        self._sbd_init(vllm_config)

@@ -1,0 +1,49 @@
+"""Make the tiny test model for the vLLM plug-in checks.
+
+    python tests/vllm/make_tiny.py /tmp/tiny_llama [--arch llama]    (either venv: sbd's or vLLM's)
+
+Writes a random model (`sbd init`'s defaults) and, in its sub-folder `sbd_adapter/`, a drafting adapter with random
+(non-zero) updates and mask embedding, so that a gate leaking onto a committed row would change the
+model's tokens: exactness checks then mean something.
+"""
+
+import argparse
+from pathlib import Path
+
+import torch
+
+
+def make(out, arch: str = "llama", block_size: int = 4, seed: int = 0) -> Path:
+    """Write the tiny model and its random adapter to `out` (the model only if it is not there yet)."""
+    from transformers import AutoModelForCausalLM
+
+    from sbd import adapter
+    from sbd.models import tiny
+
+    out = Path(out)
+    if not (out / "config.json").is_file():  # the sizes of `sbd init`'s defaults
+        tiny.create(out, arch=arch, seed=seed, hidden=128, layers=4, heads=4, kv_heads=2, context=1024)
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    ad = adapter.attach(model, adapter.AdapterConfig(r=4, lora_alpha=8.0, block_size=block_size))
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in ad.lora_B.values():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+        ad.mask_embedding.copy_(torch.randn(ad.mask_embedding.shape, generator=g) * 0.05)
+    adapter.save(model, out / "sbd_adapter")
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--arch", default="llama")
+    ap.add_argument("--block-size", type=int, default=4)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    out = make(args.out, args.arch, args.block_size, args.seed)
+    print(f"wrote {out} and {out / 'sbd_adapter'}")
+
+
+if __name__ == "__main__":
+    main()
