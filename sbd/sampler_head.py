@@ -181,7 +181,8 @@ def draft_table(head: SamplerHead, model, hidden: torch.Tensor, logits: torch.Te
     prev = torch.cat([first.reshape(1, 1).expand(1, k), cand[:-1]])          # (m, K) token before position i
     h = hidden.to(head.up.weight.dtype)
     w1h, w1e = head.up.weight[:, : h.shape[-1]], head.up.weight[:, h.shape[-1]:]
-    pre = F.linear(h, w1h, head.up.bias)[:, None] + F.linear(F.embedding(prev, table), w1e)  # (m, K, width)
+    # the model's tables may be in another dtype than the head (vLLM serves bfloat16 weights by default)
+    pre = F.linear(h, w1h, head.up.bias)[:, None] + F.linear(F.embedding(prev, table).to(h.dtype), w1e)  # (m, K, width)
     delta = F.linear(F.silu(pre), head.down.weight)                          # (m, K, H) for each previous j
     out_w = model.get_output_embeddings().weight[cand]                       # (m, K, H) candidate rows
     scores = base[:, None, :] + torch.einsum("mjh,mch->mjc", delta.float(), out_w.float())  # (m, K_prev, K)

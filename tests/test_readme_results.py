@@ -147,3 +147,35 @@ def test_the_layout_line_is_the_order_the_layer_test_checks():
     readme = [[name.strip() for name in part.split(",")] for part in line.split("→")]
     ours = [[name.removeprefix("sbd.") for name in layer] for layer in reversed(LAYERS[:-1])]
     assert readme == [[n for n in layer if not n.startswith("_")] for layer in ours]
+
+
+VLLM_COLUMNS = ["engine", "prompts", "batch", "tokens/s", "vs vLLM plain", "tokens / forward", "same as vLLM plain",
+                "same as fp32 greedy", "result"]
+
+
+def vllm_rows() -> list[dict]:
+    section = README.read_text().split("\n## Measured inside vLLM\n", 1)[1].split("\n## ", 1)[0]
+    (table,) = markdown_tables(section)
+    header, *rows = table
+    assert header == VLLM_COLUMNS
+    return [dict(zip(header, (cell.replace("**", "") for cell in row))) for row in rows]
+
+
+def expected_from_engines(path: Path, engine: str, prompts: str, batch: str) -> dict:
+    data = json.loads((path.parent / "engines.json").read_text())
+    key = f"{prompts}/{'1' if batch == '1' else 'all'}"
+    row, plain = data[engine][key], data["vLLM plain"][key]
+    return {"tokens/s": f"{row['tok_s']:.1f}", "vs vLLM plain": ratio(row["tok_s"] / plain["tok_s"]),
+            "tokens / forward": f"{row['tpf']:.2f}",
+            "same as vLLM plain": "–" if engine == "vLLM plain" or row["same_vllm"] is None
+            else f"{row['same_vllm']}/{row['n']}",
+            "same as fp32 greedy": f"{row['same_own']}/{row['n']}"}
+
+
+@pytest.mark.parametrize("row", vllm_rows(), ids=[f"{r['engine']} {r['prompts']} {r['batch']}" for r in vllm_rows()])
+def test_every_vllm_figure_comes_from_its_result_file(row):
+    path = link(row["result"])
+    assert "Command:" in path.read_text(), f"{path.name} does not record its command"
+    batch = "1" if row["batch"] == "1" else "all"
+    for column, value in expected_from_engines(path, row["engine"], row["prompts"], batch).items():
+        assert row[column] == value, f"{column}: README says {row[column]!r}, {path.relative_to(ROOT)} gives {value!r}"

@@ -111,6 +111,25 @@ def test_table_walk_equals_left_to_right_rescoring(top_k):
         heads.detach(model)
 
 
+def test_the_table_reads_a_bfloat16_models_tables_with_a_float32_head():
+    """vLLM serves bfloat16 weights by default; the head stays float32: the table takes the model's rows as
+    the head's dtype (it refused with a dtype error before)."""
+    model = _model("qwen2")
+    head = attach_random_head(model, seed=1, scale=3.0, top_k=3)
+    try:
+        g = torch.Generator().manual_seed(2)
+        hidden = torch.randn(4, model.config.hidden_size, generator=g)
+        logits = model.get_output_embeddings()(hidden)
+        with torch.no_grad():
+            want = heads.draft_table(head, model, hidden, logits, torch.tensor(7))
+            model.get_input_embeddings().to(torch.bfloat16)
+            got = heads.draft_table(head, model, hidden.bfloat16(), logits, torch.tensor(7))
+        assert got.shape == want.shape and got[:12].tolist() == want[:12].tolist()  # the same candidates
+    finally:
+        model.get_input_embeddings().to(torch.float32)
+        heads.detach(model)
+
+
 # -- exactness ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("arch", ARCHS)
 def test_random_head_keeps_hugging_face_greedy_and_batch_equals_alone(arch, cheap_width, monkeypatch):

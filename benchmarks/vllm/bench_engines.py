@@ -1,6 +1,6 @@
 """vLLM plain, vLLM's ngram, vLLM + sbd's drafts, and sbd's own engine with its defaults, on SmolLM2 with the
 shipped drafter: tokens/s, tokens per forward and identity, on held-out gsm and mixed prompts, at batch 1
-(one request after another) and with every prompt of a set submitted at once (16 concurrent requests).
+(one request after another) and with the prompts of both sets submitted at once (16 concurrent requests).
 
     python benchmarks/vllm/bench_engines.py --n 8 --out benchmarks/vllm/results/engines
 
@@ -69,7 +69,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--threads", type=int, default=None, help="cores for every engine (default: all)")
-    ap.add_argument("--modes", default="plain,ngram,sbd")
+    ap.add_argument("--modes", default="plain,ngram,sbd",
+                    help="vLLM configurations to run now; the others are read from --out when an earlier run left them")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     out = Path(args.out)
@@ -93,15 +94,21 @@ def main() -> None:
     # the model's own float32 greedy answers (sbd's NTP loop: Hugging Face greedy's tokens)
     own = {name: [sbd.generate(model, tok, [p], method="ntp", max_new_tokens=args.max_tokens).token_ids[0]
                   for p in ps] for name, ps in sets.items()}
+    own["+".join(sets)] = [t for name in sets for t in own[name]]
     results = {}
-    for mode in args.modes.split(","):
-        results[f"vLLM {mode}"] = run_vllm(python, mode, model_dir, adapter_dir, sets_file, out / f"vllm_{mode}.json",
-                                           args)["runs"]
+    for mode in ("plain", "ngram", "sbd"):
+        done = out / f"vllm_{mode}.json"
+        if mode in args.modes.split(","):
+            results[f"vLLM {mode}"] = run_vllm(python, mode, model_dir, adapter_dir, sets_file, done, args)["runs"]
+        elif done.is_file():  # kept from an earlier run of this command on the same sets
+            results[f"vLLM {mode}"] = json.loads(done.read_text())["runs"]
     # sbd's own engine, its defaults (sbd-verify as the model records), batch 1 and all at once
     runs = []
+    phases = [(name, prompts, "1") for name, prompts in sets.items()]
+    phases.append(("+".join(sets), [q for ps in sets.values() for q in ps], "all"))
     for p in range(args.passes):
-        for name, prompts in sets.items():
-            for batch in ("1", "all"):
+        for name, prompts, batch in phases:
+            if True:
                 t = time.perf_counter()
                 if batch == "1":
                     rs = [sbd.generate(model, tok, [q], max_new_tokens=args.max_tokens) for q in prompts]

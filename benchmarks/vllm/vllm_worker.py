@@ -1,5 +1,6 @@
 """One vLLM engine (run with vLLM's environment's python), timed on every prompt set at batch 1 (one
-request after another) and with all prompts submitted at once, for several passes; one JSON file out.
+request after another) and with the prompts of all sets submitted at once, for several passes; one JSON
+file out.
 `bench_engines.py` runs it once per engine configuration.
 
     VLLM_PY benchmarks/vllm/vllm_worker.py --model DIR --mode {plain,ngram,sbd} --sets sets.json --out o.json
@@ -59,9 +60,11 @@ def main() -> None:
                  use_tqdm=False)  # warm-up
     result = {"mode": args.mode, "settings": {k: v for k, v in kw.items() if k != "model"}, "start_seconds": start,
               "runs": []}
+    phases = [(name, prompts, "1") for name, prompts in sets.items()]  # one request after another, per set
+    phases.append(("+".join(sets), [q for ps in sets.values() for q in ps], "all"))  # every prompt at once
     for p in range(args.passes):
-        for name, prompts in sets.items():
-            for batch in ("1", "all"):
+        for name, prompts, batch in phases:
+            if True:
                 before = counters(llm)
                 t = time.perf_counter()
                 if batch == "1":
