@@ -43,6 +43,12 @@ def installed() -> bool:
     return _state["installed"]
 
 
+def interrupted() -> bool:
+    """Whether a Ctrl-C has reached the command (an error raised after it is its consequence: a library
+    may wrap the KeyboardInterrupt in an error of its own, as transformers' lazy imports do)."""
+    return _state["leaving"]
+
+
 def leaving() -> None:
     """The command is on its way out because of Ctrl-C: from now on Ctrl-C ends the process at once."""
     _state["leaving"] = True
@@ -77,6 +83,10 @@ def run_command(load, argv=None) -> int:
         status = load()(argv)
     except KeyboardInterrupt:  # before the command's own guard (the imports) or after it
         exit_now()
+    except BaseException:
+        if interrupted():  # an error the interrupt caused, wrapped by a library: still an interrupt
+            exit_now()
+        raise
     if status == STATUS and installed():
         exit_now(say=False)  # the command said it; leave without waiting on anything
     return status

@@ -27,8 +27,8 @@ LAYERS = [
     ["sbd.decoding"],
     ["sbd.training", "sbd.evaluation", "sbd.benchmarking"],
     ["sbd.experiment", "sbd.serving"],
+    ["sbd.integrations"],  # beside the library (vLLM's plug-in); only the CLI hands over to it
     ["sbd.cli"],
-    ["sbd.integrations"],  # beside the library (vLLM's plug-in): nothing in sbd imports it
     ["sbd", "sbd.console"],  # the package's face, and the `sbd` command's entry  # the package's face, sbd/__init__.py: hands the public names on
 ]
 

@@ -22,10 +22,8 @@ import pytest
 import torch
 
 import sbd
-from sbd import adapter as adapters
 from sbd.cli import main
 from sbd.errors import SBDError
-from sbd.models import tiny
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,20 +53,17 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    """A tiny random Llama and, in sbd_adapter/, a random drafting adapter whose updates are not zero."""
-    out = tmp_path_factory.mktemp("vllm_serve") / "tiny"
-    tiny.create(out, seed=3, hidden=128, layers=4, heads=4, kv_heads=2, context=1024)  # vLLM's CPU kernels: head_dim 32, vocabulary 513 run (head_dim 16, or 301 tokens, crash its worker)
-    model, tokenizer = sbd.load(str(out))
-    with torch.no_grad():  # decisive logits: equal tokens then say the engines agree, not that float noise did
+    """The plug-in checks' tiny random Llama (head_dim 32: vLLM's CPU kernels crash on 16) and, in
+    sbd_adapter/, its random non-zero drafting adapter; its output layer scaled so that logits are decisive
+    (equal tokens then say the engines agree, not that float noise did)."""
+    sys.path.insert(0, str(ROOT / "tests" / "vllm"))
+    import make_tiny
+
+    out = make_tiny.make(tmp_path_factory.mktemp("vllm_serve") / "tiny", seed=3)
+    model, _ = sbd.load(str(out))
+    with torch.no_grad():
         model.get_output_embeddings().weight.mul_(30.0)
     model.save_pretrained(out)
-    ad = adapters.attach(model, adapters.AdapterConfig(r=4, lora_alpha=8.0, block_size=4))
-    g = torch.Generator().manual_seed(7)
-    with torch.no_grad():
-        for p in ad.lora_B.values():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.05)
-        ad.mask_embedding.copy_(torch.randn(ad.mask_embedding.shape, generator=g) * 0.05)
-    adapters.save(model, out / "sbd_adapter")
     return out
 
 
@@ -76,7 +71,7 @@ def test_the_plugins_own_checks_pass_in_vllms_environment(vllm_python):
     from sbd.integrations.vllm.launch import cpu_environment
 
     env = dict(cpu_environment(1), SBD_TEST_THREADS="1", VLLM_CPU_KVCACHE_SPACE="1")
-    done = subprocess.run([str(vllm_python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/vllm"],
+    done = subprocess.run([str(vllm_python), "-m", "pytest", "-p", "no:cacheprovider", "tests/vllm"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=2400)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert " passed" in done.stdout and " skipped" not in done.stdout, done.stdout[-2000:]

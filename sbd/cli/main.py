@@ -204,6 +204,9 @@ def _guarded(command, args) -> int:
     try:
         command(args)
     except SBDError as e:
+        if interrupts.interrupted():  # e.g. a model load that a Ctrl-C cut short, reported as a load error
+            print("sbd: interrupted", file=sys.stderr)
+            return interrupts.STATUS
         print(f"sbd: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
