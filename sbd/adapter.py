@@ -37,6 +37,7 @@ ADAPTER_TYPE = "SBD_GATED_LORA"
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _PREFIX = "base_model.model."
 _MASK_KEY = "sbd_mask_embedding"
+KEY_PREFIX, MASK_KEY = _PREFIX, _MASK_KEY  # the tensor names, for readers of the file (the vLLM plug-in)
 
 
 @dataclass

@@ -113,7 +113,7 @@ def test_training_records_what_the_drafter_fits(plain):
 @pytest.mark.parametrize("kw, words", [
     (dict(temperature=float("inf")), "finite"),
     (dict(method="sbd", block_size=1000), "exceeds the model's 64 positions"),
-    (dict(lookup=False, lookup_max=4), "no effect with lookup=False"),
+    (dict(lookup=False, lookup_max=4), "lookup is off"),
     (dict(method="ntp", lookup_max=4), "lookup is off"),
 ])
 def test_settings_that_would_be_silently_odd_are_refused(plain, kw, words):
@@ -239,3 +239,26 @@ def test_a_resumed_runs_metrics_list_each_step_once(tmp_path):
     kept = [json.loads(ln) for ln in path.read_text().splitlines()]
     assert kept == lines[:2]
     assert len({e["step"] for e in kept}) == len(kept)
+
+
+def test_the_server_refuses_plain_sbd_per_request_for_a_drafter_not_trained_for_it():
+    pytest.importorskip("fastapi")
+    import asyncio
+
+    from sbd.serving.config import ServerConfig
+    from sbd.serving.errors import APIError
+    from sbd.serving.protocol import CompletionRequest, options
+    from sbd.serving.server import Server
+
+    model, tokenizer = sbd.load("demo-ntp")  # trained for next-token decoding only
+    server = Server(model, tokenizer, ServerConfig(model_name="m", max_batch=1))
+
+    async def jobs(method):
+        opts = options(CompletionRequest(prompt="x", method=method, max_tokens=4), server.limits,
+                       server.default_block, server.vocab, server.mask_id, server.defaults)
+        return server.jobs([5, 6, 7], opts)
+
+    with pytest.raises(APIError) as e:
+        asyncio.run(jobs("sbd"))
+    assert e.value.status == 400 and e.value.param == "method" and "not trained for plain SBD" in str(e.value)
+    assert len(asyncio.run(jobs("ntp"))) == 1

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 
@@ -58,7 +59,10 @@ def main() -> None:
     sets = json.loads(open(args.sets).read())
     llm.generate([TokensPrompt(prompt_token_ids=p) for p in next(iter(sets.values()))[:2]], params,
                  use_tqdm=False)  # warm-up
-    result = {"mode": args.mode, "settings": {k: v for k, v in kw.items() if k != "model"}, "start_seconds": start,
+    settings = json.loads(json.dumps({k: v for k, v in kw.items() if k != "model"}))
+    if "hf_overrides" in settings:  # recorded without this machine's folders
+        settings["hf_overrides"]["sbd_adapter"] = os.path.relpath(settings["hf_overrides"]["sbd_adapter"])
+    result = {"mode": args.mode, "settings": settings, "start_seconds": start,
               "runs": []}
     phases = [(name, prompts, "1") for name, prompts in sets.items()]  # one request after another, per set
     phases.append(("+".join(sets), [q for ps in sets.values() for q in ps], "all"))  # every prompt at once

@@ -80,16 +80,20 @@ def _api_key(args) -> str | None:
     return args.api_key if args.api_key is not None else os.environ.get("SBD_API_KEY")
 
 
+# options of sbd's own engine, which mean nothing to vLLM's
+SBD_ENGINE_ONLY = ("method", "block_size", "gamma", "draft", "lookup", "lookup_max", "tree", "prefill", "replicas",
+                   "device", "max_queue", "max_tokens", "max_tokens_limit", "max_body_bytes", "max_prompt_tokens")
+
+
 def _vllm_options(args, extra) -> None:
-    """Options of sbd's own engine that mean nothing to vLLM's: refused, not silently dropped."""
-    own = {"--method": args.method != "sbd-verify", "--block-size": args.block_size is not None,
-           "--gamma": args.gamma != 0.35, "--draft": args.draft is not None, "--lookup": args.lookup is not None,
-           "--lookup-max": args.lookup_max is not None, "--tree": args.tree is not None,
-           "--prefill": args.prefill != "separate", "--replicas": args.replicas is not None,
-           "--device": args.device != "cpu", "--max-queue": args.max_queue != 64,
-           "--max-tokens": args.max_tokens != 256, "--max-tokens-limit": args.max_tokens_limit != 1024,
-           "--max-body-bytes": args.max_body_bytes != 1 << 20, "--max-prompt-tokens": args.max_prompt_tokens is not None}
-    given = [name for name, on in own.items() if on]
+    """Options of sbd's own engine given with --engine vllm: refused, not silently dropped (a value other
+    than the option's default counts as given)."""
+    import argparse
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    add_serve_parser(sub)
+    defaults = sub.choices["serve"]
+    given = [f"--{d.replace('_', '-')}" for d in SBD_ENGINE_ONLY if getattr(args, d) != defaults.get_default(d)]
     if given:
         raise SBDError(f"{', '.join(given)} apply to --engine sbd; vLLM takes its own options after `--`")
 

@@ -337,13 +337,11 @@ def generate(
     """
     if block_size is None:
         block_size = default_block_size(model)
-    if lookup_max is not None and lookup is False:
-        raise SBDError("lookup_max sets the longest prompt-lookup draft; it has no effect with lookup=False")
     if method in METHODS:  # (an unknown method is refused by _validate)
         chosen = resolve(model, method=method, temperature=temperature if isinstance(temperature, (int, float)) else 0,
                          draft=draft, lookup=lookup, lookup_max=lookup_max, tree=tree,
                          fixed_shapes=static_shapes or compile)
-        if lookup_max is not None and not chosen.lookup:
+        if lookup_max is not None and not chosen.lookup:  # a setting nothing would read: said, not ignored
             raise SBDError("lookup_max sets the longest prompt-lookup draft, but lookup is off here (greedy "
                            "sbd-verify with lookup=True uses it)")
         draft, lookup, lookup_max, tree = chosen.draft, chosen.lookup, chosen.lookup_max, chosen.tree

@@ -19,20 +19,21 @@ def continuation(seq: Sequence[int], start: int, g: int, n: int) -> list[int]:
     return [int(seq[start + g + i % period]) for i in range(n)]
 
 
-def latest_occurrence(seq: Sequence[int], g: int) -> int | None:
+def latest_occurrence(seq: list[int], g: int) -> int | None:
     """The latest start s < len(seq) - g at which seq[s:s+g] equals the last g tokens, or None."""
     n = len(seq)
     if n <= g:
         return None
-    tail = list(seq[n - g:])
+    tail = seq[n - g:]
     for s in range(n - g - 1, -1, -1):
-        if list(seq[s:s + g]) == tail:
+        if seq[s] == tail[0] and seq[s:s + g] == tail:
             return s
     return None
 
 
 def draft(seq: Sequence[int], n: int, ngrams: Sequence[int] = NGRAMS) -> list[int]:
     """Prompt lookup's draft of `n` tokens for `seq` (prompt + output), or [] when nothing matches."""
+    seq = seq if isinstance(seq, list) else [int(t) for t in seq]
     for g in ngrams:
         s = latest_occurrence(seq, g)
         if s is not None:

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ..decoding.generate import apply_chat, check_prompt_ids, context_limit, default_block_size, default_eos_ids
 from ..decoding.processing import Processing
 from ..decoding.rows import make_row, verify_width
+from ..decoding.trained_for import check_decoding
 from ..decoding.width_cost import forward_costs
 from ..errors import SBDError
 from .config import Limits, ServerConfig, server_defaults
@@ -93,6 +94,10 @@ class Server:
         """The request's n rows (with a seed, row i samples with seed + i, as `sbd.generate` does)."""
         if opts.method != "ntp" and self.mask_id is None:
             raise APIError(400, "this model has no SBD mask token; use method ntp", param="method")
+        try:
+            check_decoding(self.model, opts.method)  # plain SBD on a drafter not trained for it: refused
+        except SBDError as e:
+            raise APIError(400, str(e), param="method") from None
         if len(prompt_ids) + opts.max_tokens > self.max_len:
             raise APIError(400, f"prompt ({len(prompt_ids)} tokens) + max_tokens ({opts.max_tokens}) exceeds "
                                 f"this server's {self.max_len} tokens per request", param="max_tokens",

@@ -151,8 +151,8 @@ class SBDDrafting:
                              f"is {self.sbd_mask_id}")
         tensors = sbd_adapter.read_tensors(folder / sbd_adapter.WEIGHTS_NAME, f"{folder} has no adapter weights")
         embed = self.model.embed_tokens.weight
-        dtype, prefix = embed.dtype, "base_model.model."
-        mask = [t for k, t in tensors.items() if k.endswith(".sbd_mask_embedding")]
+        dtype, prefix = embed.dtype, sbd_adapter.KEY_PREFIX
+        mask = [t for k, t in tensors.items() if k.endswith("." + sbd_adapter.MASK_KEY)]
         if len(mask) != 1:
             raise ValueError(f"{folder}: the adapter holds no mask embedding")
         self._sbd_mask_embedding = mask[0].to(dtype)
