@@ -65,6 +65,9 @@ def test_adapter_run_trains_only_the_adapter_and_resumes(tmp_path):
     import shutil
 
     shutil.copytree(tmp_path / "r" / "checkpoint-20", half / "checkpoint-20")
+    # a checkpoint says what its drafter is being trained for (partially revealed blocks: both decodings)
+    recorded = json.loads((half / "checkpoint-20" / "adapter_config.json").read_text())["trained_for"]
+    assert recorded == ["sbd", "sbd-verify"]
     shutil.copy(tmp_path / "r" / "sbd_train.json", half / "sbd_train.json")
     assert main(_argv(tmp_path, half, 40, ["--kl-weight", "0.5", "--resume", "--save-total-limit", "0"])) == 0
     a = load_file(str(tmp_path / "r" / "adapter_model.safetensors"))

@@ -30,8 +30,19 @@ def test_generate_single_method(model_dir, capsys):
     assert "--- ntp" in out and "--- sbd" not in out
 
 
+def test_generate_anchored_plain_sbd(model_dir, capsys):
+    assert main(["generate", "--model", str(model_dir), "hi", "--method", "sbd", "--anchor", "--gamma", "0",
+                 "--max-new-tokens", "6"]) == 0
+    anchored = capsys.readouterr().out
+    assert main(["generate", "--model", str(model_dir), "hi", "--method", "ntp", "--max-new-tokens", "6"]) == 0
+    ntp = capsys.readouterr().out
+    text = lambda out: out.split("--- ", 1)[1].split("\n", 1)[1].split("\n")[0]  # noqa: E731
+    assert text(anchored) == text(ntp)  # γ = 0: the next-token head's tokens, one per forward
+
+
 @pytest.mark.parametrize("argv,message", [
     (["generate", "--model", "/no/such/model", "x"], "does not exist"),
+    (["generate", "--model", "/no/such/model", "x", "--anchor"], "--anchor applies to --method sbd"),
     (["init", "--out", "unused", "--corpus", "/no/such/file"], "does not exist"),
     (["init", "--out", "unused", "--hidden", "30", "--heads", "4"], "divisible"),
 ])
@@ -53,5 +64,5 @@ def test_console_script_help_documents_every_option():
     out = subprocess.run([sys.executable, "-m", "sbd.cli", "generate", "--help"], capture_output=True, text=True)
     assert out.returncode == 0
     for option in ("--model", "--method", "--block-size", "--draft", "--gamma", "--proxy", "--max-new-tokens",
-                   "--temperature", "--seed", "--stop", "--compare", "--device"):
+                   "--temperature", "--seed", "--stop", "--compare", "--device", "--anchor"):
         assert option in out.stdout

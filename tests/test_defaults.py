@@ -221,3 +221,44 @@ def test_a_full_model_may_record_its_block_size():
     model.config.sbd_decoding = {"block_size": 0}
     with pytest.raises(SBDError, match="block_size is an integer >= 1"):
         default_block_size(model)
+
+
+# -- masks never trained for drafting: plain steps while their drafts fail --------------------------------
+def test_untrained_masks_step_aside_to_plain_steps_and_keep_the_tokens():
+    from sbd.decoding.defaults import UNTRAINED
+    from sbd.decoding.rows import VerifyRow
+
+    model = _model.__wrapped__("llama")  # no adapter and no record of SBD training: untrained masks
+
+    def decode(**kw):
+        widths = []
+        r = sbd.generate(model, None, [PROMPT], method="sbd-verify", max_new_tokens=160, eos_token_ids=[],
+                         block_size=4, observer=lambda rec: widths.append(rec.input_ids.shape[1]), **kw)
+        return r, widths[1:]  # (the first forward is the prefill)
+
+    assert model_defaults(model) == UNTRAINED
+    out, widths = decode()
+    assert out.settings.fallback and out.token_ids[0] == hf_greedy(model, PROMPT, 160)
+    late = widths[len(widths) // 2:]  # long after the first refusals: a probe (masks, then a draft) per 16
+    assert sum(w > 1 for w in late) <= 2 * (len(late) // VerifyRow.PROBE_EVERY + 1) < len(late) // 2
+    chosen, widths_b = decode(draft="block")  # whole blocks asked for: no fallback
+    assert not chosen.settings.fallback and chosen.token_ids == out.token_ids and all(w > 1 for w in widths_b)
+
+
+def test_a_drafter_that_records_its_training_drafts_every_forward():
+    model = fresh()  # a random adapter that says it was trained: its drafts are never switched off
+    assert not model_defaults(model).fallback
+    _, widths, = run(model, block_size=4)[0][3:]
+    assert all(w > 1 for w in widths[1:])
+
+
+def test_server_requests_of_an_untrained_model_fall_back_unless_they_choose_a_draft():
+    from sbd.serving.config import Limits, server_defaults
+    from sbd.serving.protocol import CompletionRequest, options
+
+    model = _model.__wrapped__("llama")
+    defaults = server_defaults(model, Limits())
+    assert defaults.fallback and not server_defaults(model, Limits(draft="block")).fallback
+    assert options(CompletionRequest(prompt="x"), Limits(), 4, 400, None, defaults).fallback
+    assert not options(CompletionRequest(prompt="x", draft="block"), Limits(), 4, 400, None, defaults).fallback
+    assert not options(CompletionRequest(prompt="x", temperature=0.5), Limits(), 4, 400, None, defaults).fallback

@@ -292,3 +292,74 @@ def test_every_option_has_help():
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["eval"]
     for action in sub._actions:
         assert action.help, f"{action.option_strings} has no help text"
+
+
+@pytest.mark.parametrize("text,answer", [
+    ("Step 1 ...\nAnswer: 42\nmore", "42"),  # an Answer: line wins over later numbers
+    ("She pays 3 x $400 = $1,200.00 in all.", "1200"),
+    ("So the total is 17.5 apples.", "17.5"),
+    ("The difference is -8.", "-8"),
+    ("I do not know.", None),
+    ("", None),
+])
+def test_final_answer_of_a_free_form_reply(text, answer):
+    from sbd.tasks import final_answer
+
+    assert final_answer(text) == answer
+
+
+def _scripted_by_method(task, wrong: dict[str, set[int]], tok):
+    """A stand-in for sbd.generate whose wrong items depend on the method."""
+    examples = make_split(task, "test", 4, 0)
+    index = {ex["prompt"]: i for i, ex in enumerate(examples)}
+
+    def generate(model, tokenizer, prompts, *, method, max_new_tokens, **kw):
+        texts = [examples[index[p]]["completion"] if index[p] not in wrong[method] else WRONG for p in prompts]
+        ids = [tok(t).input_ids[: max_new_tokens - 1] + [tok.eos_token_id] for t in texts]
+        return GenerationResult(texts, ids, [len(t) for t in ids], [[1] for _ in ids], 0.5, method)
+
+    return generate
+
+
+def test_agreement_with_ntp_counts_final_answers_and_tokens(loaded, monkeypatch):
+    model, tok = loaded
+    monkeypatch.setattr(harness, "generate", _scripted_by_method("chain_sum", {"ntp": {1}, "sbd": {1, 2}}, tok))
+    rows = evaluate(model, tok, ["chain_sum"], n=4, gammas=[0.5], block_size=4, max_new_tokens=256, progress=False)
+    ntp, sbd_row = _by(rows, "chain_sum", "ntp"), _by(rows, "chain_sum", "sbd", 0.5)
+    assert ntp["same_answer"] == 1.0 and ntp["same_tokens"] == 1.0
+    # item 1 is wrong both ways (the same answer), item 2 only under SBD
+    assert sbd_row["same_answer"] == 0.75 and sbd_row["same_tokens"] == 0.75
+    assert sbd_row["answers"][2] == "none" and ntp["answers"][2] == make_split("chain_sum", "test", 4, 0)[2]["answer"]
+    [total] = [r for r in rows if r["task"] == harness.ALL_TASKS and r["method"] == "sbd"]
+    assert total["same_answer"] == 0.75
+
+
+def test_chat_eval_asks_the_bare_question_through_the_template(loaded):
+    import copy
+
+    model, tok = loaded
+    tok = copy.deepcopy(tok)
+    tok.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}<assistant>{% endif %}")
+    rows = evaluate(model, tok, ["chain_sum"], n=2, gammas=[0.5], block_size=4, include_verify=True,
+                    max_new_tokens=12, progress=False, chat=True)
+    questions = [ex["entry"]["question"] for ex in make_split("chain_sum", "test", 2, 0)]
+    direct = sbd.generate(model, tok, questions, method="ntp", max_new_tokens=12, temperature=0.0, chat=True)
+    ntp = _by(rows, "chain_sum", "ntp")
+    assert ntp["token_ids"] == direct.token_ids and ntp["chat"] is True
+    from sbd.tasks import final_answer
+
+    assert ntp["answers"] == [final_answer(t) for t in direct.texts]
+    verify = _by(rows, "chain_sum", "sbd-verify")
+    assert verify["same_tokens"] == 1.0 and verify["same_answer"] == 1.0  # verified drafts: NTP's own tokens
+
+
+def test_cmd_eval_adapter_and_chat_options(model_dir, tmp_path):
+    args = _parser().parse_args(["eval", "--model", str(model_dir), "--adapter", str(tmp_path), "--task",
+                                 "chain_sum", "--chat", "--verify", "--out", str(tmp_path / "r")])
+    from sbd.cli.eval import command_line
+
+    line = command_line(args)
+    assert f"--adapter {tmp_path}" in line and "--chat" in line and "--verify" in line
+    with pytest.raises(SBDError, match="adapter"):  # an empty folder is no adapter: one line, before decoding
+        cmd_eval(args)

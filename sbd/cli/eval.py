@@ -68,7 +68,14 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
                                    "(a table laid out like the paper's Table 1) and accuracy_vs_speedup.png to --out. "
                                    "Speedups are against NTP decoding of the same model in the same process.")
     p.add_argument("--model", required=True, metavar="PATH",
-                   help="local model folder (safetensors), or demo for the shipped model")
+                   help="local model folder (safetensors), or a shipped model: demo, smollm2 (with its drafter)")
+    p.add_argument("--adapter", default=None, metavar="DIR",
+                   help="a drafting adapter folder (sbd train --adapter lora, or one of its checkpoints) to decode "
+                        "with instead of the model's own (default: the model's own or the shipped one)")
+    p.add_argument("--chat", action="store_true",
+                   help="ask each bare question through the tokenizer's chat template (for instruction-tuned "
+                        "models, which answer in their own words) and read the final answer as the reply's "
+                        "'Answer:' line or else its last number; default: the task's worked-solution prompt")
     p.add_argument("--task", required=True, type=_argtype(parse_tasks), metavar="NAME[,NAME]",
                    help=f"task name or comma-separated names; known: {', '.join(TASKS)}")
     p.add_argument("--n", type=_positive, default=200, help="held-out problems per task (default: 200)")
@@ -86,6 +93,10 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=_positive, default=1,
                    help="timed runs per decoding; times are the median (default: 1)")
     p.add_argument("--seed", type=int, default=0, help="seed of the held-out problems (default: 0)")
+    p.add_argument("--anchor", action="store_true",
+                   help="decode the γ configs with plain SBD anchored on the model's own next token (each forward "
+                        "takes the next-token head's token, then the masks' tokens after it left to right under "
+                        "the bound γ; for drafters trained for sbd-verify's all-mask blocks)")
     p.add_argument("--verify", action="store_true",
                    help="also decode with SBD whose drafts are verified by the model's own next-token head "
                         "(method sbd-verify, same --block-size): NTP's answers in fewer forwards")
@@ -107,6 +118,14 @@ def command_line(args) -> str:
              "--gamma", gammas, "--block-size", str(args.block_size), "--out", str(args.out),
              "--batch-size", str(args.batch_size), "--max-new-tokens", str(args.max_new_tokens),
              "--repeats", str(args.repeats), "--seed", str(args.seed)]
+    if args.adapter:
+        parts[4:4] = ["--adapter", str(args.adapter)]
+    if args.chat:
+        parts.append("--chat")
+    if args.anchor:
+        parts.append("--anchor")
+    if args.verify:
+        parts.append("--verify")
     if args.no_ntp:
         parts.append("--no-ntp")
     if args.label:
@@ -130,14 +149,15 @@ def cmd_eval(args) -> dict:
         import torch
 
         torch.set_num_threads(args.threads)
-    model, tokenizer = load(args.model, device=args.device)
+    model, tokenizer = load(args.model, adapter=args.adapter, device=args.device)
     start = time.perf_counter()
     rows = evaluate(model, tokenizer, args.task, args.n, args.gamma, block_size=args.block_size,
                     include_ntp=not args.no_ntp, include_verify=args.verify, max_new_tokens=args.max_new_tokens,
                     batch_size=args.batch_size,
                     repeats=args.repeats, seed=args.seed, label=label, progress=not args.no_progress,
-                    keep_outputs=args.save_outputs)
-    meta = {"label": label, "model": str(args.model), "command": command_line(args), **model_metadata(model),
+                    keep_outputs=args.save_outputs, chat=args.chat, anchor=args.anchor)
+    meta = {"label": label, "model": str(args.model), "adapter": args.adapter and str(args.adapter),
+            "chat": args.chat, "command": command_line(args), **model_metadata(model),
             "eval_seconds": round(time.perf_counter() - start, 3)}
     paths = write_report(rows, args.out, meta)
     print(summary_table(rows))

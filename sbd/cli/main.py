@@ -62,6 +62,10 @@ def _add_generate(sub) -> None:
                    help="EB-sampler bound: 0 reveals one token per forward, inf a whole block (default: 0.35)")
     p.add_argument("--proxy", default="entropy", choices=["entropy", "confidence", "margin"],
                    help="uncertainty proxy the EB sampler sorts by (default: entropy)")
+    p.add_argument("--anchor", action="store_true",
+                   help="method sbd: anchored on the model's own next token (each forward takes the next-token "
+                        "head's token, then the masks' tokens after it left to right under --gamma); runs on "
+                        "drafters trained for sbd-verify too")
     p.add_argument("--max-new-tokens", type=_positive, default=128, help="generation budget (default: 128)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
     p.add_argument("--seed", type=int, default=None, help="seed for sampling at temperature > 0")
@@ -146,6 +150,8 @@ def cmd_generate(args) -> None:
     from ..decoding import generate
     from ..models.loading import load
 
+    if args.anchor and not args.compare and args.method != "sbd":
+        raise SBDError(f"--anchor applies to --method sbd (plain SBD), not {args.method}")
     model, tokenizer = load(args.model, device=args.device)
     methods = ["ntp", "sbd", "sbd-verify"] if args.compare else [args.method]
     kw = dict(block_size=args.block_size, gamma=args.gamma, proxy=args.proxy, max_new_tokens=args.max_new_tokens,
@@ -158,6 +164,8 @@ def cmd_generate(args) -> None:
     for method in methods:
         # with --compare the drafting options go to sbd-verify alone (generate refuses them elsewhere)
         mkw = {**kw, **drafting_kwargs(args)} if method == "sbd-verify" or not args.compare else kw
+        if args.anchor and method == "sbd":
+            mkw = {**mkw, "anchor": True}
         generate(model, tokenizer, args.prompts, method=method, **{**mkw, "max_new_tokens": 2})  # warm-up
         results[method] = generate(model, tokenizer, args.prompts, method=method, **mkw)
     for i, prompt in enumerate(args.prompts):

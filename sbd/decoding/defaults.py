@@ -37,12 +37,17 @@ class VerifySettings:
     lookup: bool = False
     lookup_max: int = DEFAULT_LOOKUP_MAX
     tree: tuple[int, ...] | None = None
+    # whole-block drafts that step aside to plain next-token steps while the masks' drafts almost never
+    # stand (`VerifyRow.FALLBACK_ALPHA`): the default for masks that were never trained for drafting
+    fallback: bool = False
 
     def describe(self) -> str:
         """One line for tables and logs, e.g. "adaptive drafts, lookup ≤ 16, tree 3,2"."""
         parts = [f"{self.draft} drafts"]
         parts.append(f"lookup ≤ {self.lookup_max}" if self.lookup else "no lookup")
         parts.append("tree " + ",".join(map(str, self.tree)) if self.tree else "chain")
+        if self.fallback:
+            parts.append("plain steps while drafts fail")
         return ", ".join(parts)
 
     def as_dict(self) -> dict:
@@ -51,6 +56,7 @@ class VerifySettings:
 
 
 GENERAL = VerifySettings()  # a model that records no measured configuration
+UNTRAINED = VerifySettings(fallback=True)  # ... and whose masks were never trained for drafting
 PLAIN = VerifySettings()  # sampling and the other methods: what stays exact there
 
 
@@ -104,8 +110,11 @@ def recorded_block_size(model) -> int | None:
 
 def model_defaults(model) -> VerifySettings:
     """The measured configuration `model` records: its drafting adapter's, else its config's, else
-    `GENERAL`."""
+    `GENERAL`, or `UNTRAINED` when its masks were never trained for drafting (no adapter and no record
+    of SBD training, `sbd.decoding.trained_for`): whole blocks that give way to plain steps while they
+    are refused, so an untrained model never runs slower than plain decoding for long."""
     from ..adapter import adapter_of
+    from .trained_for import trained_for
 
     adapter = adapter_of(model)
     record = getattr(adapter.config, "decoding", None) if adapter is not None else None
@@ -114,7 +123,8 @@ def model_defaults(model) -> VerifySettings:
     record = getattr(getattr(model, "config", None), "sbd_decoding", None)
     if record:
         return from_record(record, "the model's config.json (sbd_decoding)")
-    return GENERAL
+    trained = trained_for(model)
+    return GENERAL if trained is not None and "sbd-verify" in trained else UNTRAINED
 
 
 def resolve(model, *, method: str, temperature: float, draft: str | None = None, lookup: bool | None = None,
@@ -137,4 +147,5 @@ def resolve(model, *, method: str, temperature: float, draft: str | None = None,
         lookup=base.lookup if lookup is None else lookup,
         lookup_max=base.lookup_max if lookup_max is None else lookup_max,
         tree=base.tree if given_tree == "default" else given_tree,
+        fallback=base.fallback and draft is None and chosen_draft == "block",
     )

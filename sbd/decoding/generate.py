@@ -271,6 +271,7 @@ def generate(
     compile: bool = False,
     chat: bool = False,
     reveal_per_forward: int | None = None,
+    anchor: bool = False,
     logit_bias: dict[int, float] | None = None,
     presence_penalty: float = 0.0,
     frequency_penalty: float = 0.0,
@@ -285,6 +286,11 @@ def generate(
     paper's decoding, blocks revealed by the EB rule (gamma, proxy), several tokens per forward but not
     the model's own answers, and refused for a model whose drafter was not trained for it
     (`sbd.decoding.trained_for`).
+
+    anchor (method "sbd"): plain SBD anchored on the model's own next token (`sbd.decoding.anchored`):
+    each forward reveals the next-token head's token, then the masks' tokens after it left to right while
+    their entropies sum to at most gamma, and commits them at once; the block fed is always all masks,
+    so a drafter trained for sbd-verify's drafts serves it. Not verified: not always NTP's tokens.
 
     block_size: tokens per block; default: the block size a drafting adapter was trained for, else the one
     the model records (`sbd.decoding.defaults`), else 16.
@@ -337,6 +343,7 @@ def generate(
     """
     if block_size is None:
         block_size = default_block_size(model)
+    fallback = False
     if method in METHODS:  # (an unknown method is refused by _validate)
         chosen = resolve(model, method=method, temperature=temperature if isinstance(temperature, (int, float)) else 0,
                          draft=draft, lookup=lookup, lookup_max=lookup_max, tree=tree,
@@ -345,9 +352,16 @@ def generate(
             raise SBDError("lookup_max sets the longest prompt-lookup draft, but lookup is off here (greedy "
                            "sbd-verify with lookup=True uses it)")
         draft, lookup, lookup_max, tree = chosen.draft, chosen.lookup, chosen.lookup_max, chosen.tree
+        fallback = chosen.fallback
     _validate(model, method, block_size, gamma, proxy, max_new_tokens, temperature, stop, draft, lookup, tree,
               static_shapes or compile, lookup_max)
-    check_decoding(model, method)
+    if not isinstance(anchor, bool) or (anchor and method != "sbd"):
+        raise SBDError(f"anchor is True or False and applies to method='sbd' only, got anchor={anchor!r} with "
+                       f"method={method!r}")
+    if anchor and (proxy != "entropy" or reveal_per_forward is not None):
+        raise SBDError("anchor=True reveals left to right under the entropy bound: proxy and reveal_per_forward "
+                       "do not apply")
+    check_decoding(model, method, anchor=anchor)
     if compile and adapter_of(model) is not None:
         raise SBDError("compile=True is not supported with a drafting adapter yet (its gate moves every forward); "
                        "use static_shapes=True or plain eager decoding")
@@ -373,7 +387,8 @@ def generate(
 
     start = time.perf_counter()
     rows = [make_row(method, p, mask_id=mask_id, block_size=block_size, gamma=gamma, proxy=proxy, draft=draft,
-                     fixed=reveal_per_forward, seed=s, cost=cost, lookup=lookup, lookup_max=lookup_max, tree=tree,
+                     fixed=reveal_per_forward, anchor=anchor, fallback=fallback, seed=s, cost=cost, lookup=lookup,
+                     lookup_max=lookup_max, tree=tree,
                      processing=processing,
                      **common)
             for p, s in zip(prompt_ids, seeds)]
@@ -396,7 +411,7 @@ def generate(
         prompt_lengths=[len(p) for p in prompt_ids], accepted=[r.accepted for r in rows],
         lookup_accepted=[r.lookup_accepted for r in rows],
         logprobs=[r.logprobs for r in rows] if processing.logprobs is not None else None,
-        settings=VerifySettings(draft, lookup, lookup_max, tree) if method == "sbd-verify" else None,
+        settings=VerifySettings(draft, lookup, lookup_max, tree, fallback) if method == "sbd-verify" else None,
     )
 
 

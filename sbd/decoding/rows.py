@@ -6,6 +6,7 @@ per step for all rows together), `answer(values)` takes the decision and returns
 tokens leave the cache again (a rejected draft), or which committed feed positions stay (a list: a tree
 draft keeps one path). All bookkeeping is on small host lists.
 
+- `Row` (`sbd.decoding.row`): what every row shares.
 - `NTPRow`: prefill all but the last prompt token, then one token per forward.
 - `SBDRow`: the prompt is prefilled; each block starts as masks and is revealed by the EB rule (§4); a
   finished block is committed in the first forward of the next one.
@@ -15,6 +16,7 @@ draft keeps one path). All bookkeeping is on small host lists.
   next block. Every forward yields at least one token. With `tree` (greedy) the draft is a small tree
   of candidate continuations (`sbd.decoding.trees`) and the longest path greedy decoding would produce
   is kept.
+- `AnchoredRow` (`sbd.decoding.anchored`): plain SBD anchored on the next-token head.
 
 NTP and sbd-verify rows take a `Processing` (logit_bias, penalties, top_p, logprobs;
 `sbd.decoding.processing`): it acts on the next-token head only, on the device inside `ask()`.
@@ -32,8 +34,10 @@ from ..masks import tree_mask
 from ..sampler import entropy_and_argmax, error_proxy, pick_tokens
 from ..sampler_head import walk
 from . import lookup, trees
+from .anchored import AnchoredRow
 from .engine import Feed
-from .processing import Processing, bias_vector, pick, processed, read_logprobs, target_probs, token_logprobs
+from .processing import Processing, pick, target_probs, token_logprobs
+from .row import Row
 
 
 def eb_rule(h: Sequence[float], masked: Sequence[bool], gamma: float,
@@ -58,136 +62,6 @@ def eb_rule(h: Sequence[float], masked: Sequence[bool], gamma: float,
         keep.append(i)
         total += hh[i]
     return keep
-
-
-class Row:
-    """What every method shares: the prompt, the tokens made so far, EOS and stop strings, the budget, and
-    the logit processors of the next-token head. `logprobs`: None, or one (token, logprob, [(alt,
-    logprob), …]) per token of `out` when `processing.logprobs` asks for them."""
-
-    needs_extra = 0  # cache positions needed beyond prompt + budget
-
-    def __init__(self, prompt: list[int], *, max_new: int, eos: Sequence[int] = (), stop: Sequence[str] = (),
-                 tokenizer=None, temperature: float = 0.0, seed: int | None = None, device=None,
-                 processing: Processing | None = None):
-        self.prompt = list(prompt)
-        self.max_new = max_new
-        self.eos = frozenset(int(e) for e in eos)
-        self.stop = list(stop)
-        self.tokenizer = tokenizer
-        self.temperature = float(temperature)
-        self.gen = None
-        if self.temperature > 0:
-            self.gen = torch.Generator(device=device or "cpu")
-            self.gen.manual_seed(seed if seed is not None else torch.seed())
-        self.out: list[int] = []  # generated tokens, final
-        self.steps: list[int] = []  # the forward (1-based) that produced each token
-        self.accepted: list[int] = []  # sbd-verify: draft tokens kept at each verifying forward
-        self.proposed = 0  # sbd-verify: draft tokens put up for verification
-        self.lookup_accepted = 0  # sbd-verify with lookup: kept draft tokens that prompt lookup proposed
-        self.nfe = 0
-        self.finished = False
-        self.in_prefill = False
-        self._checked = 0  # tokens already searched for stop strings
-        # None when the processors change nothing: the hot path then skips them entirely
-        self.processing = processing if processing is not None and processing.changes_logits else None
-        self.top_logprobs = processing.logprobs if processing is not None else None
-        self.logprobs: list | None = [] if self.top_logprobs is not None else None
-        self._bias: torch.Tensor | None = None  # logit_bias as a dense vector, made at the first forward
-        self._counts: torch.Tensor | None = None  # (V,) on the device: how often each token was generated
-        self._uncounted: list[int] = []  # generated tokens not yet added to _counts
-
-    def _next_token_logits(self, logits: torch.Tensor, draft: torch.Tensor | None = None,
-                           ancestors: torch.Tensor | None = None) -> torch.Tensor:
-        """The next-token logits (m, V) after logit_bias and the penalties; `draft`: the tokens fed at
-        positions 1 … m−1, counted for the positions after them (a tree: for their descendants only,
-        `ancestors` (m, m) from `sbd.masks.tree_mask`)."""
-        p = self.processing
-        if p.logit_bias and self._bias is None:
-            self._bias = bias_vector(p, logits.shape[-1], logits.device)
-        if p.penalised:
-            if self._counts is None:
-                self._counts = torch.zeros(logits.shape[-1], dtype=torch.float32, device=logits.device)
-            if self._uncounted:
-                new = torch.tensor(self._uncounted, dtype=torch.long, device=logits.device)
-                self._counts.index_add_(0, new, torch.ones(len(self._uncounted), device=logits.device))
-                self._uncounted = []
-        return processed(logits, p, self._bias, self._counts, draft, ancestors)
-
-    def _logprob_width(self) -> int:
-        return 0 if self.top_logprobs is None else 1 + 2 * self.top_logprobs
-
-    def _take(self, tokens: list[int], lp_values: list[float] = ()) -> int:
-        """Append tokens made in this forward (with their logprob values, if asked for); returns where
-        they start in `out`."""
-        start = len(self.out)
-        self.out += tokens
-        self.steps += [self.nfe] * len(tokens)
-        if self.logprobs is not None:
-            self.logprobs += read_logprobs(list(lp_values), tokens, self.top_logprobs)
-        if self.processing is not None and self.processing.penalised:
-            self._uncounted += tokens
-        return start
-
-    @property
-    def needs(self) -> int:
-        return len(self.prompt) + self.max_new + self.needs_extra
-
-    def final_tokens(self) -> list[int]:
-        """Tokens that can no longer change (for streaming)."""
-        return self.out
-
-    def _end(self, start: int, candidates: list[int]) -> int | None:
-        """Where the row ends, if it does: the first EOS among candidates (which begin at `start`), the
-        shortest stop-string prefix, or the budget."""
-        end = None
-        for i, t in enumerate(candidates):
-            if t in self.eos:
-                end = start + i + 1
-                break
-        if self.stop and self.tokenizer is not None:  # opt-in: only then the text is looked at
-            n = self._stop_length(self.out[:start] + candidates)
-            if n is not None and (end is None or n < end):
-                end = n
-        if start + len(candidates) >= self.max_new:
-            end = min(end if end is not None else self.max_new, self.max_new)
-        return end
-
-    def _stop_length(self, ids: list[int]) -> int | None:
-        """Shortest n > checked such that the text of ids[:n] contains a stop string, if any."""
-        if not self.stop or self.tokenizer is None:
-            return None
-        for n in range(self._checked + 1, len(ids) + 1):
-            text = self.tokenizer.decode(ids[:n], skip_special_tokens=True)
-            if any(s in text for s in self.stop):
-                return n
-        self._checked = len(ids)
-        return None
-
-    def _finish(self, n: int) -> None:
-        del self.out[n:], self.steps[n:]
-        if self.logprobs is not None:
-            del self.logprobs[n:]
-        self.finished = True
-
-    @property
-    def finish_reason(self) -> str:
-        """OpenAI's words: "stop" (EOS or a stop string) or "length" (the budget ran out)."""
-        if self.out and self.out[-1] in self.eos:
-            return "stop"
-        if self.stop and self.tokenizer is not None:
-            text = self.tokenizer.decode(self.out, skip_special_tokens=True)
-            if any(s in text for s in self.stop):
-                return "stop"
-        return "length" if len(self.out) >= self.max_new else "stop"
-
-    def text(self) -> str:
-        """The generated text, cut before the first stop string."""
-        if self.tokenizer is None:
-            return ""
-        text = self.tokenizer.decode(self.out, skip_special_tokens=True)
-        cut = [text.index(s) for s in self.stop if s in text]
-        return text[: min(cut)] if cut else text
 
 
 class NTPRow(Row):
@@ -468,10 +342,16 @@ class VerifyRow(Row):
     # adaptive drafting: a lookup draft only as long as pays on lookup's own record (`best_lookup_length`);
     # False drafts all `lookup_max` tokens whenever lookup finds them (before 2026-11-24, session 6)
     ADAPTIVE_LOOKUP = True
+    # fallback (whole-block drafts of masks never trained for drafting): after this many refused drafts,
+    # plain next-token steps while a draft token's estimated chance to stand stays under FALLBACK_ALPHA
+    # (a whole-block draft forward then yields < 1.18 tokens, less than its width costs anywhere), with a
+    # whole-block probe every PROBE_EVERY forwards to notice drafts that start to stand
+    FALLBACK_AFTER = 8
+    FALLBACK_ALPHA = 0.15
 
     def __init__(self, prompt, *, block_size: int, mask_id: int, eb_gamma: float | None = None,
                  proxy: str = "entropy", cost=None, lookup: bool = False, tree=None,
-                 lookup_max: int = LOOKUP_MAX, **kw):
+                 lookup_max: int = LOOKUP_MAX, fallback: bool = False, **kw):
         super().__init__(prompt, **kw)
         if not isinstance(lookup_max, int) or isinstance(lookup_max, bool) or lookup_max < 1:
             raise SBDError(f"lookup_max must be an integer >= 1, got {lookup_max!r}")
@@ -484,6 +364,7 @@ class VerifyRow(Row):
                            "verifying forward), not draft='eb'")
         self.block_size, self.mask_id, self.eb_gamma, self.proxy = block_size, mask_id, eb_gamma, proxy
         self.cost = cost
+        self.fallback = fallback and cost is None and eb_gamma is None  # (FALLBACK_AFTER)
         self.lookup = lookup  # greedy: draft from an earlier occurrence of the last tokens when there is one
         self.lookup_max = lookup_max  # the longest lookup draft
         self.from_lookup = False  # the current draft came from prompt lookup
@@ -753,6 +634,11 @@ class VerifyRow(Row):
             if d == 0 and self.plain_steps % self.PROBE_EVERY == 0:
                 d = 1  # a probe: masks now, a one-token draft verified in the next forward
             self.n_masks = d + 1 if d else 0
+        elif self.fallback and self.temperature <= 0:
+            kept, refused = self.kept_by["masks"], self.refused_by["masks"]
+            failing = refused >= self.FALLBACK_AFTER and (kept + 1) / (kept + refused + 2) < self.FALLBACK_ALPHA
+            self.plain_steps = self.plain_steps + 1 if failing else 0
+            self.n_masks = 0 if failing and self.plain_steps % self.PROBE_EVERY else self.block_size
 
     def answer(self, values: list[float]) -> int | list[int]:
         if self.in_prefill:
@@ -811,12 +697,14 @@ class VerifyRow(Row):
 
 
 def make_row(method: str, prompt: list[int], *, mask_id: int | None, block_size: int = 16, gamma: float = 0.35,
-             proxy: str = "entropy", draft: str = "block", fixed: int | None = None,
-             cost=None, lookup: bool = False, lookup_max: int = VerifyRow.LOOKUP_MAX, tree=None,
-             processing: Processing | None = None, **common) -> Row:
+             proxy: str = "entropy", draft: str = "block", fixed: int | None = None, anchor: bool = False,
+             fallback: bool = False, cost=None, lookup: bool = False, lookup_max: int = VerifyRow.LOOKUP_MAX,
+             tree=None, processing: Processing | None = None, **common) -> Row:
     """A row for `method` ("ntp", "sbd", "sbd-verify"); draft "block", "eb" or "adaptive" (with `cost`,
-    width → relative forward time); lookup (sbd-verify, greedy): drafts from prompt lookup when it finds
-    a match, at most `lookup_max` tokens (`VerifyRow.LOOKUP_MAX`); tree (sbd-verify, greedy): tree
+    width → relative forward time); anchor (sbd): plain SBD anchored on the next-token head
+    (`sbd.decoding.anchored`); fallback (sbd-verify, draft "block", greedy): plain steps while the masks'
+    drafts almost never stand (`VerifyRow.FALLBACK_ALPHA`); lookup (sbd-verify, greedy): drafts from
+    prompt lookup when it finds a match, at most `lookup_max` tokens (`VerifyRow.LOOKUP_MAX`); tree (sbd-verify, greedy): tree
     drafts of these widths per depth (`VerifyRow`); processing: logit_bias, penalties, top_p and
     logprobs of the next-token head (ntp and sbd-verify; validate it with
     `processing.validate(vocab_size)` first); `common`: max_new, eos, stop, tokenizer, temperature,
@@ -834,6 +722,8 @@ def make_row(method: str, prompt: list[int], *, mask_id: int | None, block_size:
         return VerifyRow(prompt, block_size=block_size, mask_id=int(mask_id), proxy=proxy,
                          eb_gamma=float(gamma) if draft == "eb" else None,
                          cost=cost if draft == "adaptive" else None, lookup=lookup, lookup_max=lookup_max,
-                         tree=tree, **common)
+                         tree=tree, fallback=fallback and draft == "block", **common)
+    if anchor:
+        return AnchoredRow(prompt, block_size=block_size, mask_id=int(mask_id), gamma=float(gamma), **common)
     return SBDRow(prompt, block_size=block_size, mask_id=int(mask_id), gamma=float(gamma), proxy=proxy,
                   fixed=fixed, **common)

@@ -44,11 +44,18 @@ def _warn_once(model, key: str, text: str) -> None:
         warnings.warn(text, UserWarning, stacklevel=4)
 
 
-def check_decoding(model, method: str) -> None:
-    """Refuse (SBDError) or warn about a decoding the model's drafter was not trained for."""
+def check_decoding(model, method: str, anchor: bool = False) -> None:
+    """Refuse (SBDError) or warn about a decoding the model's drafter was not trained for. Anchored plain
+    SBD (`anchor`) feeds all-mask blocks only, the state sbd-verify's drafts are trained on: it asks what
+    sbd-verify asks."""
     if method not in DECODINGS:
         return
     trained = trained_for(model)
+    if method == "sbd" and anchor:
+        if trained is not None and not trained:
+            raise SBDError("this model's masks were never trained (it records next-token decoding only): anchored "
+                           "plain SBD would reveal their guesses; use method='ntp' or 'sbd-verify'")
+        method = "sbd-verify" if trained is None or "sbd" not in trained else "sbd"
     if method == "sbd":
         if trained is not None and "sbd" not in trained:
             what = "drafting adapter" if "sbd-verify" in trained else "model"

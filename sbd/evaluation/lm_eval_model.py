@@ -6,9 +6,11 @@ causal forward (the NTP head, one forward per batch), as for any causal LM. Deco
 (NFE), generated tokens, tokens per forward and wall time — is counted per task; `stats()` returns it,
 `stats_path=FILE` writes it, and `sbd lm-eval` writes it next to the harness's results file.
 
-Model arguments (`--model_args k=v,...`): pretrained (a model folder, or demo / demo-ntp; from Python
-also a loaded model with `tokenizer=`), method
-(ntp | sbd | sbd-verify), gamma, block_size, proxy, draft, lookup (true/false), lookup_max, tree (widths
+Model arguments (`--model_args k=v,...`): pretrained (a model folder, or demo / demo-ntp / smollm2; from
+Python also a loaded model with `tokenizer=`), adapter (a drafting adapter folder to decode with instead
+of the model's own), method
+(ntp | sbd | sbd-verify), gamma, anchor (true: plain SBD anchored on the next-token head), block_size, proxy,
+draft, lookup (true/false), lookup_max, tree (widths
 joined by ":" as the harness splits on commas, e.g. tree=3:2, or chain), max_gen_toks, dtype, threads,
 stats_path. block_size and sbd-verify's drafting settings left out are the model's defaults (an adapter's
 trained block size; its measured fastest exact configuration, `sbd.decoding.defaults`), as in
@@ -60,7 +62,8 @@ def _number(name: str, value, kind):
 class SBDLM(TemplateLM):
     """lm-eval's `LM` interface over an SBD-capable (or any causal) model folder."""
 
-    def __init__(self, pretrained: str = "demo", method: str = "sbd", gamma=0.35, block_size=None,
+    def __init__(self, pretrained: str = "demo", method: str = "sbd", gamma=0.35, block_size=None, adapter=None,
+                 anchor=None,
                  proxy: str = "entropy", draft: str | None = None, lookup=None, lookup_max=None, tree=None,
                  max_gen_toks=256, batch_size=1,
                  max_batch_size=None, device: str | None = None, dtype: str | None = None, threads=None,
@@ -92,15 +95,20 @@ class SBDLM(TemplateLM):
             log.warning("sbd: CUDA is not available (the harness's default device is cuda); running on cpu")
             device = "cpu"
         if isinstance(pretrained, torch.nn.Module):  # Python API: an already loaded model and its tokenizer
+            if adapter is not None:
+                raise SBDError("adapter= goes with a model folder; attach it to a loaded model with sbd.load")
             if tokenizer is None:
                 raise SBDError("pass tokenizer= along with a loaded model as pretrained=")
             self.model, self.tokenizer = pretrained.to(device).eval(), tokenizer
             self.pretrained = getattr(pretrained.config, "_name_or_path", "") or type(pretrained).__name__
         else:
-            self.model, self.tokenizer = load(str(pretrained), device=device, dtype=torch_dtype,
+            self.model, self.tokenizer = load(str(pretrained), adapter=adapter, device=device, dtype=torch_dtype,
                                               probe=method != "ntp")
             self.pretrained = str(pretrained)
         self.method, self.proxy = method, proxy
+        self.anchor = bool(_flag("anchor", anchor))
+        if self.anchor and method != "sbd":
+            raise SBDError(f"model argument anchor=true applies to method=sbd, not {method}")
         self.gamma = _number("gamma", gamma, float)
         self.block_size = (default_block_size(self.model) if block_size is None
                            else _number("block_size", block_size, int))
@@ -244,7 +252,8 @@ class SBDLM(TemplateLM):
                 t0 = time.perf_counter()
                 result = generate(self.model, self.tokenizer, prompts,
                                   method=self.method, block_size=self.block_size, gamma=self.gamma,
-                                  proxy=self.proxy, **self.drafting, **options)
+                                  proxy=self.proxy, **({"anchor": True} if self.anchor else {}), **self.drafting,
+                                  **options)
                 self.settings = result.settings
                 count = self.counts[task]
                 count["requests"] += len(chunk)
@@ -272,7 +281,7 @@ class SBDLM(TemplateLM):
             c["nfe_per_request"] = c["nfe"] / c["requests"] if c["requests"] else None
             c["tokens_per_second"] = c["tokens"] / c["seconds"] if c["seconds"] else None
         return {"pretrained": self.pretrained, "method": self.method, "gamma": self.gamma,
-                "block_size": self.block_size, "proxy": self.proxy,
+                "anchor": self.anchor, "block_size": self.block_size, "proxy": self.proxy,
                 "drafting": self.settings.as_dict() if self.settings is not None else None,
                 "batch_size": self.batch_size_per_gpu, "device": str(self.device),
                 "dtype": str(self.model.dtype).replace("torch.", ""), "torch_threads": torch.get_num_threads(),

@@ -51,7 +51,9 @@ def _jsonable(value):
 
 
 def write_json(rows: list[dict], path, meta: dict) -> Path:
+    """The rows and metadata; each row's token ids (kept in memory for agreement with NTP) are left out."""
     path = Path(path)
+    rows = [{k: v for k, v in r.items() if k != "token_ids"} for r in rows]
     path.write_text(json.dumps(_jsonable({"meta": meta, "rows": rows}), indent=2, ensure_ascii=False,
                                allow_nan=False) + "\n", encoding="utf-8")
     return path

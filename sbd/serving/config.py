@@ -104,4 +104,5 @@ def server_defaults(model, limits: Limits) -> VerifySettings:
     return VerifySettings(draft=limits.draft or base.draft,
                           lookup=base.lookup if limits.lookup is None else limits.lookup,
                           lookup_max=limits.lookup_max or base.lookup_max,
-                          tree=base.tree if tree == "default" else tree)
+                          tree=base.tree if tree == "default" else tree,
+                          fallback=base.fallback and limits.draft is None)

@@ -110,6 +110,7 @@ class Options:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     top_p: float = 1.0
+    fallback: bool = False  # whole-block drafts of untrained masks: plain steps while they fail
 
     @property
     def processing(self) -> dict:
@@ -268,6 +269,7 @@ def options(req: DecodingFields, limits: Limits, default_block: int, vocab: int,
                      tree=tree, logprobs=logprobs,
                      echo=echo, logit_bias=_logit_bias(req.logit_bias, vocab, mask_id),
                      presence_penalty=_number(req.presence_penalty, "presence_penalty", -2, 2, 0.0),
+                     fallback=base.fallback and req.draft is None and draft == "block" and fits,
                      frequency_penalty=_number(req.frequency_penalty, "frequency_penalty", -2, 2, 0.0), top_p=top_p)
     if method == "sbd":  # the processors act on the next-token head, which method sbd does not decode with
         for name, default in (("logit_bias", {}), ("presence_penalty", 0.0), ("frequency_penalty", 0.0),

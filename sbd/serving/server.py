@@ -116,7 +116,8 @@ class Server:
                                gamma=opts.gamma, proxy=opts.proxy, draft=opts.draft, max_new=opts.max_tokens,
                                eos=self.eos, stop=opts.stop, tokenizer=self.tokenizer, temperature=opts.temperature,
                                seed=seed, device=self.device, cost=self.forward_cost, lookup=opts.lookup,
-                               lookup_max=opts.lookup_max, tree=opts.tree, processing=processing)
+                               lookup_max=opts.lookup_max, tree=opts.tree, processing=processing,
+                               fallback=opts.fallback)
             except SBDError as e:  # a combination the decoder refuses
                 raise APIError(400, str(e), param="method") from None
             if row.needs_extra > self.width:

@@ -5,10 +5,10 @@
 always reasoning-gym's own `score_answer` on the extracted X.
 """
 
-from .answers import extract_answer, score
+from .answers import extract_answer, final_answer, score
 from .export import render_jsonl
 from .registry import TASKS, TaskSpec, get_task
 from .splits import check_disjoint, make_split
 
-__all__ = ["TASKS", "TaskSpec", "get_task", "make_split", "check_disjoint", "extract_answer", "score",
+__all__ = ["TASKS", "TaskSpec", "get_task", "make_split", "check_disjoint", "extract_answer", "final_answer", "score",
            "render_jsonl"]

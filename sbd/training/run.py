@@ -433,6 +433,7 @@ def _run(config: TrainConfig) -> Path:
     if main:
         out.mkdir(parents=True, exist_ok=True)
         (out / RUN_FILE).write_text(json.dumps(config.settings(), indent=1))
+    record_decodings(model, config)  # before training: every checkpoint says what it is being trained for
     trainer.train(resume_from_checkpoint=resume_from)
     step = trainer.state.global_step
     if trainer.interrupted:
@@ -441,7 +442,6 @@ def _run(config: TrainConfig) -> Path:
                   "continue with the same command and --resume")
         raise KeyboardInterrupt
     model.generation_config.eos_token_id = tokenizer.eos_token_id
-    record_decodings(model, config)
     trainer.save_model(str(out))  # weights (safetensors), config with sbd_mask_token_id, tokenizer
     if main:
         what = "drafting adapter" if config.adapter else "model"

@@ -17,6 +17,7 @@ def _reasoning(task: str, n: int = 200, seed: int = 0, **_):
     from sbd.tasks import make_split
 
     rows = [{"prompt": ex["prompt"], "completion": ex["completion"], "answer": ex["answer"], "task": task,
+             "question": ex["entry"]["question"],
              "entry": json.dumps(ex["entry"], default=str)}
             for ex in make_split(task, "test", int(n), int(seed))]
     return {"test": datasets.Dataset.from_list(rows)}
@@ -48,6 +49,15 @@ def score_reasoning(doc: dict, results: list[str]) -> dict:
     from sbd.tasks import score
 
     value = score(doc["task"], json.loads(doc["entry"]), results[0])
+    return {"exact_match": float(value >= 1.0), "score": value}
+
+
+def score_chat(doc: dict, results: list[str]) -> dict:
+    """A chat reply to the bare question, read as `sbd eval --chat` reads it: its `Answer:` line, else its
+    last number, scored by reasoning-gym."""
+    from sbd.tasks import score
+
+    value = score(doc["task"], json.loads(doc["entry"]), results[0], chat=True)
     return {"exact_match": float(value >= 1.0), "score": value}
 
 
