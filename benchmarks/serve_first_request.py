@@ -25,8 +25,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def ask(port: int, max_tokens: int) -> float:
-    body = json.dumps({"model": "m", "max_tokens": max_tokens,
+def ask(port: int, model: str, max_tokens: int) -> float:
+    body = json.dumps({"model": Path(model).name, "max_tokens": max_tokens,
                        "messages": [{"role": "user", "content": "What is 12 + 30? Answer with the number."}]})
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body.encode(),
                                  headers={"content-type": "application/json"})
@@ -54,7 +54,7 @@ def one_start(model: str, threads: int, cache: str, max_tokens: int) -> dict:
             except OSError:
                 time.sleep(0.2)
         start = time.perf_counter() - t0
-        first, again = ask(port, max_tokens), ask(port, max_tokens)
+        first, again = ask(port, model, max_tokens), ask(port, model, max_tokens)
     finally:
         proc.terminate()
         proc.wait(timeout=60)
