@@ -153,12 +153,17 @@ VLLM_COLUMNS = ["engine", "prompts", "batch", "tokens/s", "vs vLLM plain", "toke
                 "same as fp32 greedy", "result"]
 
 
-def vllm_rows() -> list[dict]:
-    section = README.read_text().split("\n## Measured inside vLLM\n", 1)[1].split("\n## ", 1)[0]
+def section_rows(heading: str, columns: list[str]) -> list[dict]:
+    """The rows of the one table under README's `## heading`, as dicts over its header (which must be `columns`)."""
+    section = README.read_text().split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
     (table,) = markdown_tables(section)
     header, *rows = table
-    assert header == VLLM_COLUMNS
+    assert header == columns
     return [dict(zip(header, (cell.replace("**", "") for cell in row))) for row in rows]
+
+
+def vllm_rows() -> list[dict]:
+    return section_rows("Measured inside vLLM", VLLM_COLUMNS)
 
 
 def expected_from_engines(path: Path, engine: str, prompts: str, batch: str) -> dict:
@@ -188,11 +193,7 @@ DECODINGS = {"NTP": ("ntp", False), "SBD-verify": ("sbd-verify", False), "SBD (p
 
 
 def plain_rows() -> list[dict]:
-    section = README.read_text().split("\n## The paper's decoding on SmolLM2\n", 1)[1].split("\n## ", 1)[0]
-    (table,) = markdown_tables(section)
-    header, *rows = table
-    assert header == PLAIN_COLUMNS
-    return [dict(zip(header, (cell.replace("**", "") for cell in row))) for row in rows]
+    return section_rows("The paper's decoding on SmolLM2", PLAIN_COLUMNS)
 
 
 def expected_from_eval(path: Path, decoding: str, gamma: str) -> dict:

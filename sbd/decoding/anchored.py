@@ -32,7 +32,7 @@ from .row import Row
 
 class AnchoredRow(Row):
     """One sequence decoded with anchored plain SBD (module docstring): `gamma` bounds the summed
-    entropies of the masks' tokens revealed after the next-token head's; blocks of `block_size` masks."""
+    uncertainty of the masks' tokens revealed after the next-token head's; blocks of `block_size` masks."""
 
     def __init__(self, prompt, *, block_size: int, mask_id: int, gamma: float = 0.35, **kw):
         super().__init__(prompt, **kw)
@@ -77,23 +77,19 @@ class AnchoredRow(Row):
         head, tokens = int(values[0]), [int(values[0])]
         if self.gamma <= 0:  # NTP decoding (a pick of probability 1.0 would otherwise pass a bound of 0)
             return self._commit(tokens)
-        if self._head_chain:
+        if self._head_chain:  # the head's chain, each pick costing its surprisal
             chain, probs = walk(values[1 : 1 + self._head_chain], k - 1, probs=True)
-            total = 0.0
-            for token, p in zip(chain, probs):
-                total += -math.log(max(p, 1e-30))
-                if total > self.gamma:
-                    break
-                tokens.append(token)
-            return self._commit(tokens)
-        picked, h = [int(v) for v in values[1 : 1 + k]], values[1 + k : 1 + 2 * k]
-        if picked[0] == head:  # the masks drafted after the same first token
-            total = 0.0
-            for i in range(1, k):
-                total += max(0.0, h[i])
-                if total > self.gamma:
-                    break
-                tokens.append(picked[i])
+            costs = [-math.log(max(p, 1e-30)) for p in probs]
+        elif int(values[1]) == head:  # the masks drafted after the same first token: their entropies
+            chain, costs = [int(v) for v in values[2 : 1 + k]], [max(0.0, h) for h in values[2 + k : 1 + 2 * k]]
+        else:
+            chain, costs = [], []
+        total = 0.0
+        for token, cost in zip(chain, costs):
+            total += cost
+            if total > self.gamma:
+                break
+            tokens.append(token)
         return self._commit(tokens)
 
     def _commit(self, tokens: list[int]) -> int:

@@ -147,5 +147,5 @@ def resolve(model, *, method: str, temperature: float, draft: str | None = None,
         lookup=base.lookup if lookup is None else lookup,
         lookup_max=base.lookup_max if lookup_max is None else lookup_max,
         tree=base.tree if given_tree == "default" else given_tree,
-        fallback=base.fallback and draft is None and chosen_draft == "block",
+        fallback=base.fallback and draft is None,
     )

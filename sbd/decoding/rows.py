@@ -364,7 +364,7 @@ class VerifyRow(Row):
                            "verifying forward), not draft='eb'")
         self.block_size, self.mask_id, self.eb_gamma, self.proxy = block_size, mask_id, eb_gamma, proxy
         self.cost = cost
-        self.fallback = fallback and cost is None and eb_gamma is None  # (FALLBACK_AFTER)
+        self.fallback = fallback and cost is None and eb_gamma is None  # whole-block drafts only (FALLBACK_AFTER)
         self.lookup = lookup  # greedy: draft from an earlier occurrence of the last tokens when there is one
         self.lookup_max = lookup_max  # the longest lookup draft
         self.from_lookup = False  # the current draft came from prompt lookup
@@ -704,8 +704,8 @@ def make_row(method: str, prompt: list[int], *, mask_id: int | None, block_size:
     width → relative forward time); anchor (sbd): plain SBD anchored on the next-token head
     (`sbd.decoding.anchored`); fallback (sbd-verify, draft "block", greedy): plain steps while the masks'
     drafts almost never stand (`VerifyRow.FALLBACK_ALPHA`); lookup (sbd-verify, greedy): drafts from
-    prompt lookup when it finds a match, at most `lookup_max` tokens (`VerifyRow.LOOKUP_MAX`); tree (sbd-verify, greedy): tree
-    drafts of these widths per depth (`VerifyRow`); processing: logit_bias, penalties, top_p and
+    prompt lookup when it finds a match, at most `lookup_max` tokens (`VerifyRow.LOOKUP_MAX`); tree
+    (sbd-verify, greedy): tree drafts of these widths per depth (`VerifyRow`); processing: logit_bias, penalties, top_p and
     logprobs of the next-token head (ntp and sbd-verify; validate it with
     `processing.validate(vocab_size)` first); `common`: max_new, eos, stop, tokenizer, temperature,
     seed, device. Other arguments are validated by the caller (`generate`, the server)."""
@@ -722,7 +722,7 @@ def make_row(method: str, prompt: list[int], *, mask_id: int | None, block_size:
         return VerifyRow(prompt, block_size=block_size, mask_id=int(mask_id), proxy=proxy,
                          eb_gamma=float(gamma) if draft == "eb" else None,
                          cost=cost if draft == "adaptive" else None, lookup=lookup, lookup_max=lookup_max,
-                         tree=tree, fallback=fallback and draft == "block", **common)
+                         tree=tree, fallback=fallback, **common)
     if anchor:
         return AnchoredRow(prompt, block_size=block_size, mask_id=int(mask_id), gamma=float(gamma), **common)
     return SBDRow(prompt, block_size=block_size, mask_id=int(mask_id), gamma=float(gamma), proxy=proxy,

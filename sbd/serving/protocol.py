@@ -269,7 +269,7 @@ def options(req: DecodingFields, limits: Limits, default_block: int, vocab: int,
                      tree=tree, logprobs=logprobs,
                      echo=echo, logit_bias=_logit_bias(req.logit_bias, vocab, mask_id),
                      presence_penalty=_number(req.presence_penalty, "presence_penalty", -2, 2, 0.0),
-                     fallback=base.fallback and req.draft is None and draft == "block" and fits,
+                     fallback=base.fallback and req.draft is None,
                      frequency_penalty=_number(req.frequency_penalty, "frequency_penalty", -2, 2, 0.0), top_p=top_p)
     if method == "sbd":  # the processors act on the next-token head, which method sbd does not decode with
         for name, default in (("logit_bias", {}), ("presence_penalty", 0.0), ("frequency_penalty", 0.0),
