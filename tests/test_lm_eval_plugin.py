@@ -223,6 +223,13 @@ def test_anchored_plain_sbd_is_a_model_argument(tokenizer):
         SBDLM(pretrained=_model("llama"), tokenizer=tokenizer, method="sbd-verify", anchor="true", device="cpu")
 
 
+def test_the_default_method_is_sbd_generates(tokenizer):
+    import inspect
+
+    lm = SBDLM(pretrained=_model("llama"), tokenizer=tokenizer, device="cpu")
+    assert lm.method == inspect.signature(generate).parameters["method"].default == "sbd-verify"
+
+
 def test_an_adapter_argument_goes_with_a_folder_only(tokenizer):
     with pytest.raises(SBDError, match="adapter"):
         SBDLM(pretrained=_model("llama"), tokenizer=tokenizer, adapter="x", device="cpu")

@@ -9,7 +9,7 @@ causal forward (the NTP head, one forward per batch), as for any causal LM. Deco
 Model arguments (`--model_args k=v,...`): pretrained (a model folder, or demo / demo-ntp / smollm2; from
 Python also a loaded model with `tokenizer=`), adapter (a drafting adapter folder to decode with instead
 of the model's own), method
-(ntp | sbd | sbd-verify), gamma, anchor (true: plain SBD anchored on the next-token head), block_size, proxy,
+(ntp | sbd | sbd-verify; default sbd-verify, as `sbd.generate`), gamma, anchor (true: plain SBD anchored on the next-token head), block_size, proxy,
 draft, lookup (true/false), lookup_max, tree (widths
 joined by ":" as the harness splits on commas, e.g. tree=3:2, or chain), max_gen_toks, dtype, threads,
 stats_path. block_size and sbd-verify's drafting settings left out are the model's defaults (an adapter's
@@ -62,7 +62,7 @@ def _number(name: str, value, kind):
 class SBDLM(TemplateLM):
     """lm-eval's `LM` interface over an SBD-capable (or any causal) model folder."""
 
-    def __init__(self, pretrained: str = "demo", method: str = "sbd", gamma=0.35, block_size=None, adapter=None,
+    def __init__(self, pretrained: str = "demo", method: str = "sbd-verify", gamma=0.35, block_size=None, adapter=None,
                  anchor=None,
                  proxy: str = "entropy", draft: str | None = None, lookup=None, lookup_max=None, tree=None,
                  max_gen_toks=256, batch_size=1,
