@@ -172,6 +172,8 @@ def _options(**fields):
     (dict(logit_bias={"5": 100, "05": -100}), "logit_bias"),
     (dict(lookup=False, lookup_max=4), "lookup_max"),
     (dict(method="ntp", lookup_max=4), "lookup_max"),
+    (dict(method="sbd-verify", anchor=True), "anchor"),
+    (dict(method="sbd", anchor=True, proxy="margin"), "proxy"),
 ])
 def test_request_fields_nothing_would_read_are_a_400_naming_them(fields, param):
     pytest.importorskip("fastapi")
@@ -253,12 +255,15 @@ def test_the_server_refuses_plain_sbd_per_request_for_a_drafter_not_trained_for_
     model, tokenizer = sbd.load("demo-ntp")  # trained for next-token decoding only
     server = Server(model, tokenizer, ServerConfig(model_name="m", max_batch=1))
 
-    async def jobs(method):
-        opts = options(CompletionRequest(prompt="x", method=method, max_tokens=4), server.limits,
+    async def jobs(method, **fields):
+        opts = options(CompletionRequest(prompt="x", method=method, max_tokens=4, **fields), server.limits,
                        server.default_block, server.vocab, server.mask_id, server.defaults)
         return server.jobs([5, 6, 7], opts)
 
     with pytest.raises(APIError) as e:
         asyncio.run(jobs("sbd"))
     assert e.value.status == 400 and e.value.param == "method" and "not trained for plain SBD" in str(e.value)
+    with pytest.raises(APIError) as e:  # anchored too: its masks were never trained
+        asyncio.run(jobs("sbd", anchor=True))
+    assert e.value.status == 400 and "never trained" in str(e.value)
     assert len(asyncio.run(jobs("ntp"))) == 1

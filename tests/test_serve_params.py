@@ -275,3 +275,13 @@ def test_routes_and_methods_that_do_not_exist_answer_in_openai_shape(live):
                       (httpx.post(live.url + "/health"), 405), (httpx.post(live.url + "/v1/completions"), 400)):
         assert r.status_code == status
         assert set(r.json()) == {"error"} and r.json()["error"]["message"]
+
+
+def test_anchored_plain_sbd_per_request_equals_offline(demo, client):  # noqa: F811
+    """`anchor: true` with method sbd decodes as `sbd.generate(..., method="sbd", anchor=True)` does (and not
+    as the paper's rule, which writes another text here)."""
+    body = {"method": "sbd", "anchor": True, "gamma": 0.5}
+    got = client.completions.create(model="demo", prompt=PROMPTS[0], max_tokens=24, extra_body=body)
+    want = offline(demo, PROMPTS[0], method="sbd", anchor=True, gamma=0.5).texts[0]
+    paper = offline(demo, PROMPTS[0], method="sbd", gamma=0.5).texts[0]
+    assert got.choices[0].text == want and want != paper

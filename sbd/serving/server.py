@@ -95,7 +95,7 @@ class Server:
         if opts.method != "ntp" and self.mask_id is None:
             raise APIError(400, "this model has no SBD mask token; use method ntp", param="method")
         try:
-            check_decoding(self.model, opts.method)  # plain SBD on a drafter not trained for it: refused
+            check_decoding(self.model, opts.method, anchor=opts.anchor)  # plain SBD on a drafter not trained for it: refused
         except SBDError as e:
             raise APIError(400, str(e), param="method") from None
         if len(prompt_ids) + opts.max_tokens > self.max_len:
@@ -117,7 +117,7 @@ class Server:
                                eos=self.eos, stop=opts.stop, tokenizer=self.tokenizer, temperature=opts.temperature,
                                seed=seed, device=self.device, cost=self.forward_cost, lookup=opts.lookup,
                                lookup_max=opts.lookup_max, tree=opts.tree, processing=processing,
-                               fallback=opts.fallback)
+                               fallback=opts.fallback, anchor=opts.anchor)
             except SBDError as e:  # a combination the decoder refuses
                 raise APIError(400, str(e), param="method") from None
             if row.needs_extra > self.width:

@@ -19,7 +19,9 @@ Three more savings, each exact for what the loss reads:
 
 The optional distillation term is the KL divergence from the frozen model's next-token distribution
 at each target (taken from the clean half of the same forward: position p − 1 predicts token p) to the
-masked prediction of that target.
+masked prediction of that target. The optional latent-consistency term (Apple's LCM, arXiv 2507.11851)
+pulls the mask's last hidden state (the output layer's input) toward the frozen model's at the position
+that predicts the same token, read from the same clean pass (`latent_sum`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class AdapterOutputs:
     base_logits: torch.Tensor | None  # (N, V) the frozen model's next-token logits for the same targets (KL)
     kl_valid: torch.Tensor | None   # (N,) bool: targets that are tokens of x (not EOS padding), KL applies
     hidden: torch.Tensor | None = None  # (N, H) the output layer's input at the same positions (sampler head)
+    base_hidden: torch.Tensor | None = None  # (N, H) the frozen model's output-layer input that predicts each target
 
 
 def _backbone(model):
@@ -108,7 +111,7 @@ def freeze_below(model, layer: int) -> int:
 
 def adapter_logits(model, inputs: dict, labels: torch.Tensor, num_clean: int,
                    source_positions: torch.Tensor | None = None, grad_layer: int = 0,
-                   with_hidden: bool = False) -> AdapterOutputs:
+                   with_hidden: bool = False, base_hidden: bool = False) -> AdapterOutputs:
     """Masked logits at the labelled noisy positions, computed in two passes (see the module docstring).
 
     inputs: the doubled batch (input_ids, position_ids, a (B,1,T,T) bool attention_mask). labels: (B,T),
@@ -116,6 +119,8 @@ def adapter_logits(model, inputs: dict, labels: torch.Tensor, num_clean: int,
     position copies (−1 for EOS padding); given, the frozen model's next-token logits for each target
     are returned too (for the KL term). grad_layer: see `grad_from_layer` (0: autograd everywhere).
     with_hidden: also return the final hidden states at the same positions (what a sampler head reads).
+    base_hidden: with source_positions, also return the frozen model's final hidden state that predicts
+    each target (the latent-consistency term's target).
     """
     from transformers import DynamicCache
 
@@ -125,7 +130,7 @@ def adapter_logits(model, inputs: dict, labels: torch.Tensor, num_clean: int,
     src = source_positions[keep] if source_positions is not None else None     # (N,) position in x of each target
     c = clean_span(mask, n, src)
     cache = DynamicCache()
-    base_logits = kl_valid = None
+    base_logits = kl_valid = prev = None
     with torch.no_grad(), gated(model, None):  # causal: right padding is never seen by a real position
         hidden = _backbone(model)(input_ids=ids[:, :c], position_ids=pos[:, :c], attention_mask=None,
                                   **with_cache(model, cache), use_cache=True).last_hidden_state
@@ -140,7 +145,8 @@ def adapter_logits(model, inputs: dict, labels: torch.Tensor, num_clean: int,
         logits = model(input_ids=ids[:, n:], position_ids=pos[:, n:], attention_mask=noisy_mask,
                        **with_cache(model, cache), use_cache=True, logits_to_keep=keep).logits
     hidden = _labelled_rows(box[0], keep, n) if with_hidden else None
-    return AdapterOutputs(_labelled_rows(logits, keep, n), base_logits, kl_valid, hidden)
+    return AdapterOutputs(_labelled_rows(logits, keep, n), base_logits, kl_valid, hidden,
+                          prev if base_hidden else None)
 
 
 def _labelled_rows(x: torch.Tensor, keep: torch.Tensor, n: int) -> torch.Tensor:
@@ -165,3 +171,12 @@ def kl_sum(logits: torch.Tensor, base_logits: torch.Tensor, valid: torch.Tensor)
     logq = F.log_softmax(logits[valid].float(), dim=-1)
     logp = F.log_softmax(base_logits[valid].float(), dim=-1)
     return (logp.exp() * (logp - logq)).sum()
+
+
+def latent_sum(hidden: torch.Tensor, base_hidden: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Σ over valid targets of the mean squared distance between the mask's final hidden state and the
+    frozen model's (detached) at the position that predicts the same token, in fp32."""
+    if not bool(valid.any()):
+        return hidden.sum() * 0.0
+    diff = hidden[valid].float() - base_hidden[valid].detach().float()
+    return diff.pow(2).mean(dim=-1).sum()

@@ -51,12 +51,19 @@ class TrainConfig:
     kl_weight: float = field(default=0.0, metadata=_opt(
         "--adapter: weight of the distillation term, KL from the frozen model's next-token distribution to the "
         "masked prediction of each target (0: off)"))
+    latent_weight: float = field(default=0.0, metadata=_opt(
+        "--adapter: weight of the latent-consistency term (Apple's LCM): the mean squared distance between each "
+        "mask's last hidden state and the frozen model's at the position that predicts the same token (0: off)"))
     steps: int = field(default=1000, metadata=_opt("optimisation steps"))
     batch_size: int = field(default=8, metadata=_opt("sequences per device per micro-batch"))
     grad_accum: int = field(default=1, metadata=_opt("micro-batches per optimisation step"))
     lr: float = field(default=3e-4, metadata=_opt("peak learning rate of AdamW"))
     warmup_steps: Optional[int] = field(default=None, metadata=_opt(
-        "linear warmup before the cosine decay (default: 200, or steps/10 if that is smaller)"))
+        "linear warmup before the decay (default: 200, or steps/10 if that is smaller)"))
+    schedule: str = field(default="cosine", metadata=_opt(
+        "learning-rate decay after the warmup: cosine (the paper's) or cooldown, 1 - sqrt down to 0 (a short "
+        "cool-down run from a trained adapter, e.g. --model smollm2 with a low --lr)",
+        choices=("cosine", "cooldown")))
     max_len: Optional[int] = field(default=None, metadata=_opt(
         "longer sequences are truncated (default: 1024, or the model's context if that is shorter)"))
     block_size_min: int = field(default=2, metadata=_opt("smallest block size drawn"))
@@ -115,7 +122,7 @@ class TrainConfig:
     resume: bool = field(default=False, metadata=_opt("continue from the latest checkpoint in --out"))
     progress: bool = field(default=True, metadata=_opt("show a progress bar"))
 
-    resume_keys = ("data", "mode", "adapter", "rank", "alpha", "kl_weight", "steps", "batch_size", "grad_accum", "lr", "warmup_steps", "max_len",
+    resume_keys = ("data", "mode", "adapter", "rank", "alpha", "kl_weight", "latent_weight", "schedule", "steps", "batch_size", "grad_accum", "lr", "warmup_steps", "max_len",
                    "block_size_min", "block_size_max", "block_size", "mask_rate", "align_to_completion",
                    "last_block", "suffix_share", "noisy_blocks", "train_layers_from", "position_decay",
                    "sampler_head", "sampler_head_only", "sampler_head_width", "sampler_head_weight",
@@ -148,6 +155,11 @@ class TrainConfig:
             raise SBDError(f"--kl-weight must be a number >= 0, got {self.kl_weight}")
         if self.kl_weight and self.adapter is None:
             raise SBDError("--kl-weight applies to --adapter runs only")
+        if (not isinstance(self.latent_weight, (int, float)) or not math.isfinite(self.latent_weight)
+                or self.latent_weight < 0):
+            raise SBDError(f"--latent-weight must be a number >= 0, got {self.latent_weight}")
+        if self.latent_weight and (self.adapter is None or self.sampler_head_only):
+            raise SBDError("--latent-weight applies to --adapter runs that train the adapter only")
         if self.max_len is not None and self.max_len < 2:
             raise SBDError(f"--max-len must be >= 2, got {self.max_len}")
         if not 1 <= self.block_size_min <= self.block_size_max:
@@ -417,13 +429,14 @@ def _run(config: TrainConfig) -> Path:
                                suffix_share=config.suffix_share, noisy_blocks=config.noisy_blocks)
     training_args = sbd_training_args(
         config.out, steps=config.steps, batch_size=config.batch_size, lr=config.lr, warmup_steps=config.warmup,
-        grad_accum=config.grad_accum, seed=config.seed, save_steps=config.save_steps,
+        grad_accum=config.grad_accum, seed=config.seed, save_steps=config.save_steps, schedule=config.schedule,
         save_total_limit=config.save_total_limit or None, logging_steps=config.logging_steps,
         **({"train_sampling_strategy": "group_by_length"} if config.group_by_length else {}))
     out = Path(config.out)
     trainer = SBDTrainer(model, training_args, data_collator=collator, train_dataset=dataset,
                          processing_class=tokenizer, mode="adapter" if config.adapter else config.mode,
-                         kl_weight=config.kl_weight, grad_layer=config.train_layers_from,
+                         kl_weight=config.kl_weight, latent_weight=config.latent_weight,
+                         grad_layer=config.train_layers_from,
                          position_decay=config.position_decay, metrics_file=out / METRICS_FILE,
                          sampler_head=_head_mode(config),
                          sampler_head_weight=config.sampler_head_weight, bf16=config.bf16,

@@ -41,7 +41,7 @@ from ..errors import SBDError
 from . import checkpoints as ckpt
 from .attention import training_logits
 from .collator import SBDDataCollator
-from .adapter_forward import adapter_logits, kl_sum
+from .adapter_forward import adapter_logits, kl_sum, latent_sum
 from .collator import IGNORE
 from .loss import position_weights, sbd_loss
 
@@ -61,21 +61,32 @@ def mix(*values: int) -> int:
     return h & ((1 << 63) - 1)
 
 
+SCHEDULES = ("cosine", "cooldown")
+
+
 def sbd_training_args(output_dir, *, steps: int, batch_size: int = 8, lr: float = 3e-4, warmup_steps: int = 200,
                       grad_accum: int = 1, seed: int = 0, save_steps: int = 500, logging_steps: int = 10,
                       save_total_limit: int | None = 2, weight_decay: float = 0.0, max_grad_norm: float = 1.0,
-                      **overrides) -> TrainingArguments:
-    """TrainingArguments with the paper's optimiser (AdamW, warmup then cosine) and what SBDTrainer needs."""
+                      schedule: str = "cosine", **overrides) -> TrainingArguments:
+    """TrainingArguments with the paper's optimiser (AdamW, warmup then cosine) and what SBDTrainer needs.
+
+    schedule "cooldown": after the warmup the rate falls as 1 − sqrt(progress) to 0 (the cool-down of
+    warmup-stable-decay schedules, arXiv 2405.18392), for a short run that continues a trained adapter."""
+    if schedule not in SCHEDULES:
+        raise SBDError(f"unknown schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
     cuda = torch.cuda.is_available()
     kw = dict(
         output_dir=str(output_dir), max_steps=steps, per_device_train_batch_size=batch_size,
         gradient_accumulation_steps=grad_accum, learning_rate=lr, warmup_steps=warmup_steps,
-        lr_scheduler_type="cosine", optim="adamw_torch", weight_decay=weight_decay, max_grad_norm=max_grad_norm,
+        lr_scheduler_type="cosine" if schedule == "cosine" else "warmup_stable_decay", optim="adamw_torch", weight_decay=weight_decay, max_grad_norm=max_grad_norm,
         seed=seed, data_seed=seed, save_strategy="steps", save_steps=save_steps, save_total_limit=save_total_limit,
         logging_strategy="steps", logging_steps=logging_steps, report_to="none", remove_unused_columns=False,
         use_cpu=not cuda, bf16=cuda and torch.cuda.is_bf16_supported(), dataloader_num_workers=0,
         ddp_find_unused_parameters=False,
     )
+    if schedule == "cooldown":
+        kw["lr_scheduler_kwargs"] = {"num_decay_steps": max(0, steps - warmup_steps),  # no stable phase
+                                     "decay_type": "1-sqrt", "min_lr_ratio": 0.0}
     kw.update(overrides)
     return TrainingArguments(**kw)
 
@@ -97,7 +108,8 @@ class _Indexed(torch.utils.data.Dataset):
 class SBDTrainer(Trainer):
     """A Trainer for SBD fine-tuning (`mode="sbd"`), the matching NTP baseline (`mode="ntp"`), or a
     drafting adapter over the frozen model (`mode="adapter"`: the model carries an `sbd.adapter`, only
-    its parameters train, masked loss only (+ `kl_weight` × the KL from the frozen next-token head);
+    its parameters train, masked loss only (+ `kl_weight` × the KL from the frozen next-token head,
+    + `latent_weight` × the latent-consistency term, `adapter_forward.latent_sum`);
     checkpoints and the final folder hold the adapter alone, in peft's file layout).
 
     data_collator: an `SBDDataCollator` (built from `processing_class` and the model's mask token if
@@ -119,13 +131,18 @@ class SBDTrainer(Trainer):
                  processing_class=None, *, mode: str = "sbd", metrics_file=None, show_progress: bool = True,
                  convergence_examples=None, convergence_steps: int | None = None, convergence_block_size: int = 16,
                  kl_weight: float = 0.0, grad_layer: int = 0, position_decay: float | None = None,
-                 sampler_head: str | None = None, sampler_head_weight: float = 1.0, bf16: bool = False, **kwargs):
+                 sampler_head: str | None = None, sampler_head_weight: float = 1.0, bf16: bool = False,
+                 latent_weight: float = 0.0, **kwargs):
         if mode not in MODES:
             raise SBDError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
         if mode == "adapter" and adapter_of(model) is None:
             raise SBDError("mode='adapter' trains a drafting adapter: attach one first (sbd.adapter.attach)")
         if kl_weight and mode != "adapter":
             raise SBDError("kl_weight applies to mode='adapter' only")
+        if not isinstance(latent_weight, (int, float)) or not latent_weight >= 0:
+            raise SBDError(f"latent_weight must be a number >= 0, got {latent_weight!r}")
+        if latent_weight and (mode != "adapter" or sampler_head == "only"):
+            raise SBDError("latent_weight applies to mode='adapter' only, with the adapter training")
         if (grad_layer or position_decay is not None) and mode != "adapter":
             raise SBDError("grad_layer and position_decay apply to mode='adapter' only")
         if position_decay is not None and not (isinstance(position_decay, (int, float)) and 0 < position_decay <= 1):
@@ -153,6 +170,7 @@ class SBDTrainer(Trainer):
         self.sbd_collator = data_collator
         self.mode = mode
         self.kl_weight = float(kl_weight)
+        self.latent_weight = float(latent_weight)
         self.grad_layer = int(grad_layer)  # decoder layers below it run without autograd (adapter_forward.py)
         self.position_decay = position_decay
         self.head_mode = sampler_head
@@ -271,15 +289,20 @@ class SBDTrainer(Trainer):
         source = inputs.pop("source_positions", None)
         weights = inputs.pop("loss_weights", None)
         previous = inputs.pop("previous_tokens", None)
-        kl = head = None
+        kl = head = latent = None
         if self.mode == "adapter":  # two passes, the clean one without autograd (training/adapter_forward.py)
             frozen = torch.no_grad() if self.head_mode == "only" else contextlib.nullcontext()
             with frozen:  # head alone: no autograd through the model at all
-                out = adapter_logits(model, inputs, labels, num_clean, source if self.kl_weight else None,
-                                     grad_layer=self.grad_layer, with_hidden=self.head_mode is not None)
+                out = adapter_logits(model, inputs, labels, num_clean,
+                                     source if self.kl_weight or self.latent_weight else None,
+                                     grad_layer=self.grad_layer,
+                                     with_hidden=self.head_mode is not None or bool(self.latent_weight),
+                                     base_hidden=bool(self.latent_weight))
             outputs, logits = None, out.logits
             if self.kl_weight:
                 kl = kl_sum(out.logits, out.base_logits, out.kl_valid)
+            if self.latent_weight:
+                latent = latent_sum(out.hidden, out.base_hidden, out.kl_valid)
             if self.head_mode is not None:
                 head = _head_terms(model, out, labels, num_clean, previous, weights)
         elif return_outputs or not self.fast_forward:
@@ -295,6 +318,8 @@ class SBDTrainer(Trainer):
         denominator = torch.as_tensor(denominator, device=logits.device).clamp_min(1)
         if kl is not None:
             loss = loss + self.kl_weight * kl / denominator
+        if latent is not None:
+            loss = loss + self.latent_weight * latent / denominator
         if self.head_mode == "only":  # the masked loss has no gradient here: the head's loss alone
             loss = head.loss / denominator
         elif head is not None:
@@ -309,7 +334,8 @@ class SBDTrainer(Trainer):
         stats = torch.stack([parts.ntp_sum, parts.ntp_count.to(parts.ntp_sum), parts.matp_sum,
                              parts.matp_count.to(parts.ntp_sum), num_tokens.to(parts.ntp_sum),
                              (kl.detach() if kl is not None else zero),
-                             *((head.ce_sum, head.base_sum, head.count.to(zero)) if head is not None else (zero,) * 3)])
+                             *((head.ce_sum, head.base_sum, head.count.to(zero)) if head is not None else (zero,) * 3),
+                             (latent.detach() if latent is not None else zero)])
         self._stats = stats if self._stats is None else self._stats + stats
         return (loss, outputs) if return_outputs else loss
 
@@ -318,7 +344,7 @@ class SBDTrainer(Trainer):
             stats = self._stats
             if self.args.world_size > 1:
                 stats = self.accelerator.reduce(stats, reduction="sum")
-            ntp_sum, ntp_n, matp_sum, matp_n, tokens, kl, head_sum, head_base, head_n = stats.tolist()
+            ntp_sum, ntp_n, matp_sum, matp_n, tokens, kl, head_sum, head_base, head_n, latent = stats.tolist()
             self._stats = None
             now = time.perf_counter()
             if self.mode != "adapter":
@@ -327,6 +353,8 @@ class SBDTrainer(Trainer):
                 logs["matp_loss"] = matp_sum / max(matp_n, 1)
             if self.kl_weight:
                 logs["kl"] = kl / max(matp_n, 1)
+            if self.latent_weight:
+                logs["latent"] = latent / max(matp_n, 1)
             if self.head_mode is not None:  # the head's loss and the masks' own on the same targets
                 logs["head_loss"] = head_sum / max(head_n, 1)
                 logs["head_base_loss"] = head_base / max(head_n, 1)

@@ -7,7 +7,7 @@ prompts.json: a list of token-id lists (token ids, so the tokenizers of vLLM and
 differ). --batch all submits every prompt at once (vLLM batches them); --batch 1 one after another.
 mode sbd: SBDLlamaForCausalLM (hf_overrides) + SBDProposer (custom_class); mode ngram: vLLM's ngram
 proposer; plain: no speculation. The model runs eagerly (enforce_eager) unless --compiled (vLLM's default;
-sbd's model always runs eagerly). Output: {"tokens": [[...], ...], "seconds": generation wall time, "stats": the sbd
+then sbd's model runs its forwards with masks eagerly, the rest compiled). Output: {"tokens": [[...], ...], "seconds": generation wall time, "stats": the sbd
 proposer's counters (mode sbd), "spec": vLLM's spec-decode counters}.
 Pin it to one core (see tests/vllm/README.md).
 """
@@ -26,6 +26,8 @@ def build(args):
               max_num_seqs=args.max_num_seqs, seed=0, disable_log_stats=False, enable_prefix_caching=args.prefix_caching)
     if args.block_size:
         kw["block_size"] = args.block_size
+    if args.kv_blocks:
+        kw["num_gpu_blocks_override"] = args.kv_blocks
     overrides = {}
     for item in args.override:
         k, v = item.split("=", 1)
@@ -55,7 +57,7 @@ def spec_counters(llm):
         return {}
     out = {}
     for m in metrics:
-        if m.name.startswith(("vllm:spec_decode", "vllm:prefix_cache")) and hasattr(m, "value"):
+        if m.name.startswith(("vllm:spec_decode", "vllm:prefix_cache", "vllm:num_preemptions")) and hasattr(m, "value"):
             out[m.name] = m.value
     return out
 
@@ -85,6 +87,8 @@ def main():
     ap.add_argument("--max-num-seqs", type=int, default=8)
     ap.add_argument("--ngram-default-window", action="store_true", help="ngram: vLLM's default lookup window")
     ap.add_argument("--block-size", type=int, default=None, help="KV block size (CPU default 128; a multiple of 32)")
+    ap.add_argument("--kv-blocks", type=int, default=None,
+                    help="KV cache blocks in all (vLLM's num_gpu_blocks_override): few force preemptions")
     ap.add_argument("--repeat", type=int, default=1, help="time this many passes (tokens from the last)")
     ap.add_argument("--then", help="a second prompts file run after the timed passes in the same engine (its "
                     "tokens go to 'then'): with --prefix-caching, prompts that extend the first ones' outputs hit "
@@ -120,7 +124,7 @@ def main():
         seconds.append(time.time() - t)
     tokens = [list(o.outputs[0].token_ids) for o in outs]
     after = read_stats(stats_file)
-    stats = {k: v - before.get(k, 0) for k, v in after.items()}  # the timed passes only
+    stats = {k: v if isinstance(v, bool) else v - before.get(k, 0) for k, v in after.items()}  # the timed passes
     spec = {k: v - spec_before.get(k, 0) for k, v in spec_counters(llm).items()}
     then = None
     if args.then:
@@ -130,7 +134,8 @@ def main():
         then = [list(o.outputs[0].token_ids) for o in outs2]
     result = {"mode": args.mode, "tokens": tokens, "seconds": seconds, "startup": startup, "stats": stats,
               "spec": spec, "generated": sum(len(t) for t in tokens), "then": then,
-              "prefix_cache_hits": spec_counters(llm).get("vllm:prefix_cache_hits", 0)}
+              "prefix_cache_hits": spec_counters(llm).get("vllm:prefix_cache_hits", 0),
+              "preemptions": spec.get("vllm:num_preemptions", 0)}
     text = json.dumps(result)
     if args.out:
         with open(args.out, "w") as f:

@@ -112,6 +112,42 @@ def test_greedy_is_the_models_own(tiny, tmp_path):
     assert alone["stats"]["lookup_drafts"] > 0
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "mistral"])
+def test_other_families_keep_their_tokens(arch, tmp_path):
+    """The Qwen2, Qwen3 and Mistral classes (`SBDQwen2ForCausalLM`, ...): a tiny random model of each family
+    with a random adapter drafts with its masks in vLLM, and the outputs are Hugging Face's greedy tokens."""
+    from transformers import AutoTokenizer
+
+    folder = make_tiny.make(tmp_path / f"tiny_{arch}", arch=arch)
+    tok = AutoTokenizer.from_pretrained(folder)
+    prompts = [tok.encode(t) for t in TEXTS[:4]]
+    prompts_file = tmp_path / "prompts.json"
+    prompts_file.write_text(json.dumps(prompts))
+    greedy = hf_reference.greedy(folder, prompts, MAX_TOKENS)
+    got = run(folder, prompts_file, tmp_path / "out.json", "--mode", "sbd", "--override", "sbd_lookup=false",
+              "--override", 'sbd_draft="block"')
+    assert got["tokens"] == greedy
+    assert got["stats"]["mask_drafts"] > 0 and got["stats"]["chain_tokens"] > 0
+
+
+def test_compiled_plain_steps_keep_the_models_tokens(tiny, tmp_path):
+    """vLLM's default, compiled: the plug-in's plain forwards run vLLM's compiled graph and the gated ones
+    run eagerly with the adapter, and the outputs are still Hugging Face's greedy tokens, with masks
+    drafting (masks alone) and with the adaptive defaults stepping aside (forced-expensive cost)."""
+    greedy = tiny["greedy"]
+    masks = run(tiny["folder"], tiny["prompts_file"], tmp_path / "masks.json", "--mode", "sbd", "--compiled",
+                "--override", "sbd_lookup=false", "--override", 'sbd_draft="block"')
+    assert masks["tokens"] == greedy
+    assert masks["stats"]["compiled"] is True
+    assert masks["stats"]["mask_drafts"] > 0 and masks["stats"]["chain_tokens"] > 0
+    aside = run(tiny["folder"], tiny["prompts_file"], tmp_path / "aside.json", "--mode", "sbd", "--compiled",
+                "--override", "sbd_cost_slope=10", "--override", "sbd_lookup=true")
+    assert aside["tokens"] == greedy
+    st = aside["stats"]
+    assert st["compiled"] is True and st["plain_engine_steps"] >= 0.8 * st["engine_steps"], st
+    assert st["mask_drafts"] + st["lookup_drafts"] > 0, st  # the probes: gated forwards between compiled ones
+
+
 def test_adaptive_steps_aside(tiny, tmp_path):
     """Adaptive drafting (the default): with a forced-expensive cost no draft pays, so the proposer returns
     no drafts (bar sbd's one-token probes) and vLLM runs plain steps; with a cheap cost it drafts. Outputs
@@ -149,6 +185,13 @@ def test_step_cost_model():
     assert c.for_batch(4)(12) > c.for_batch(1)(12)
     # a batch size near a measured width reads it (no plain step to measure it); one far away does not
     assert c.near(9) and c.near(8) and c.near(11) and not c.near(4) and not c.near(30) and c.near(1)
+    # forwards with masks (eager) are timed apart: read from the plain record until measured, then their own
+    g = StepCost(prior_slope=0.05, fallback=c)
+    assert g.time(9) == c.time(9) and c.for_batch(1, g)(9) == c.for_batch(1)(9)
+    for t in (0.120, 0.118, 0.125):
+        g.add(9, t)
+    assert g.time(9) == 0.120 and c.time(9) == 0.090
+    assert abs(c.for_batch(1, g)(9) - 0.120 / 0.055) < 1e-12  # against the plain step's time
 
 
 def test_prefix_cache_never_keeps_a_mask(tiny, tmp_path):
@@ -163,6 +206,19 @@ def test_prefix_cache_never_keeps_a_mask(tiny, tmp_path):
     assert got["tokens"] == tiny["greedy"]
     assert got["then"] == want
     assert got["prefix_cache_hits"] > 0
+
+
+def test_preempted_mid_draft_leaves_no_trace(tiny, tmp_path):
+    """A KV cache too small for the 8 requests at once (6 blocks of 32 tokens): vLLM preempts requests
+    while their masks are in flight (every step drafts masks) and recomputes them later. Every output is
+    still the model's own greedy answer, so neither the preempted request nor the others kept anything of
+    the masks."""
+    got = run(tiny["folder"], tiny["prompts_file"], tmp_path / "pre.json", "--mode", "sbd", "--block-size", "32",
+              "--kv-blocks", "6", "--max-model-len", "128", "--override", "sbd_lookup=false",
+              "--override", 'sbd_draft="block"')
+    assert got["preemptions"] > 0, got["spec"]
+    assert got["stats"]["mask_drafts"] > 0
+    assert got["tokens"] == tiny["greedy"]
 
 
 def test_sampling_is_the_models_distribution(tiny, tmp_path):

@@ -17,9 +17,12 @@ the plain class, and none of them touches a committed position, so vLLM's output
    the same worker process right after this step's sampling. A step without speculative tokens runs
    the plain forward with the adapter's hooks detached (nothing of the plug-in's runs in the layers).
 
-The model always runs eagerly (`do_not_compile` on the inner model): the gated rows differ in number
-from step to step, and the updates are forward hooks on vLLM's fused linear layers (qkv_proj,
-gate_up_proj: the q/k/v and gate/up updates are stacked into one A and a block-diagonal B).
+Compilation: a forward with gated rows runs the inner model eagerly (the forward context's
+`skip_compiled`): the gated rows differ in number from step to step, and the updates are forward hooks on
+vLLM's fused linear layers (qkv_proj, gate_up_proj: the q/k/v and gate/up updates are stacked into one A
+and a block-diagonal B). Every other forward (prefills, plain steps, lookup drafts) is vLLM's own
+compiled graph, as without the plug-in (unless vLLM itself runs eagerly: `enforce_eager`). The graph is
+traced on vLLM's first (dummy) forward, before the proposer binds, so it never holds a hook.
 Tensor parallelism is not supported (the updates are not sharded).
 
 Adapter location: the model folder's config key `sbd_adapter` (a path, relative to the folder or
@@ -36,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from vllm.forward_context import is_forward_context_available
+from vllm.forward_context import get_forward_context, is_forward_context_available
 from vllm.model_executor.models.llama import LlamaForCausalLM
 from vllm.model_executor.models.mistral import MistralForCausalLM
 from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
@@ -121,7 +124,6 @@ class SBDDrafting:
         self._sbd_hooked = False
         self.sbd_adapter_config = None
         self.sbd_head = None  # plain attributes, not submodules: vLLM checks every parameter was loaded
-        self.model.do_not_compile = True  # see the module docstring
 
     # -- loading ----------------------------------------------------------------------------------
     def _sbd_adapter_folder(self) -> Path | None:
@@ -278,10 +280,13 @@ class SBDDrafting:
         inputs_embeds[rows] = self._sbd_mask_embedding
         self._sbd_rows = rows
         self._sbd_set_hooks(True)
+        context = get_forward_context()  # `_sbd_gate` checked that there is one
+        eager, context.skip_compiled = context.skip_compiled, True  # the hooks run: not the compiled graph
         try:
             hidden = super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
         finally:
             self._sbd_rows = None
+            context.skip_compiled = eager
         if isinstance(hidden, torch.Tensor):
             self._sbd_stash = Stash(segments, hidden.index_select(0, chain), logit_rows, n_logits)
         return hidden

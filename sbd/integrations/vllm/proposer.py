@@ -17,7 +17,8 @@ rules (`sbd.decoding.rows`): the number of masks from the masks' acceptance reco
 a one-token probe every `VerifyRow.PROBE_EVERY` plain steps), a lookup draft only as long as pays on
 lookup's record (`best_lookup_length`), a chain of the masks' argmax cut where they are unsure
 (`confident_length`; a sampler head's chains are not cut, `VerifyRow.CUT_HEAD_CHAINS`). The cost those
-rules price widths with is this engine's, measured online (`StepCost`). In a batch of B requests a
+rules price widths with is this engine's, measured online (`StepCost`), apart for forwards with masks
+(eager) and without (vLLM's compiled graph). In a batch of B requests a
 request's extra width delays all B, so its cost is 1 + B·(T(B − 1 + w)/T(B) − 1) (T: step time at a
 total width): drafting then pays only when the tokens it adds beat that, and when no draft pays for
 any request the proposer returns no drafts, so vLLM runs the step as it would without speculation.
@@ -32,7 +33,8 @@ adapter's block size), `sbd_lookup` / `sbd_lookup_max` (default the adapter's `d
 `sbd_sampler_head`, `sbd_draft`, `sbd_cost_slope` (a fixed cost 1 + slope·(w − 1) per request instead
 of the measured one: for tests). `num_speculative_tokens` caps every draft (masks included).
 
-Counters (`stats`): engine steps that sampled, tokens they yielded, and where the drafts came from;
+Counters (`stats`): engine steps that sampled, tokens they yielded, where the drafts came from, and
+whether the model's plain forwards run compiled (`compiled`);
 with `SBD_VLLM_STATS=path` they are written there as JSON after every step (the worker is another
 process; this is how the tests read tokens per forward).
 """
@@ -77,8 +79,9 @@ class StepCost:
     between two, else scaled by the prior 1 + slope·(w − 1) from the nearest one; the prior alone
     when nothing is measured)."""
 
-    def __init__(self, prior_slope: float = 0.05, keep: int = 15, least: int = 3):
+    def __init__(self, prior_slope: float = 0.05, keep: int = 15, least: int = 3, fallback: "StepCost | None" = None):
         self.prior_slope, self.keep, self.least = prior_slope, keep, least
+        self.fallback = fallback  # read while nothing of this kind of step is measured
         self.samples: dict[int, deque] = {}
         self._known: list[int] = []  # widths with at least `least` samples, sorted
         self._median: dict[int, float] = {}
@@ -113,7 +116,7 @@ class StepCost:
         """The step time at total width w (seconds once measured; prior units before)."""
         known = self._known
         if not known:
-            return self.prior(w)
+            return self.fallback.time(w) if self.fallback is not None else self.prior(w)
         if w in self._median:
             return self._median[w]
         j = bisect.bisect_left(known, w)
@@ -123,16 +126,18 @@ class StepCost:
         near = known[0] if j == 0 else known[-1]
         return self._median[near] * self.prior(w) / self.prior(near)
 
-    def for_batch(self, batch: int):
+    def for_batch(self, batch: int, wide: "StepCost | None" = None):
         """The cost function sbd's rules read for one request of a batch of `batch` requests: width w of
         this request -> step time relative to a plain step, scaled to the whole batch's delay
-        (1 + B·(T(B − 1 + w)/T(B) − 1); T(w)/T(1) at batch 1)."""
+        (1 + B·(T(B − 1 + w)/T(B) − 1); T(w)/T(1) at batch 1). wide: where the widened step's time is read
+        when it is another kind of step (a forward with masks, eager, against a compiled plain one)."""
         base, memo = self.time(batch), {}
+        timer = self.time if wide is None else wide.time
 
         def cost(w):
             c = memo.get(w)
             if c is None:
-                c = memo[w] = 1.0 + batch * max(0.0, self.time(batch - 1 + w) / base - 1.0) if w > 1 else 1.0
+                c = memo[w] = 1.0 + batch * max(0.0, timer(batch - 1 + w) / base - 1.0) if w > 1 else 1.0
             return c
         return cost
 
@@ -189,7 +194,12 @@ class SBDProposer:
         self.adaptive = str(getattr(self.cfg, "sbd_draft", "adaptive")) == "adaptive"
         slope = getattr(self.cfg, "sbd_cost_slope", None)
         self.fixed_slope = None if slope is None else float(slope)
+        # step times measured online, apart for the two kinds of forward: plain ones (prefills, plain steps,
+        # lookup drafts; vLLM's compiled graph when it compiles) and those with masks (eager, hooks on)
         self.cost_model = StepCost()
+        self.gated_cost = StepCost(fallback=self.cost_model)
+        # whether vLLM runs the model's plain forwards compiled (the gated ones always run eagerly)
+        self.stats["compiled"] = not getattr(getattr(model, "model", None), "do_not_compile", True)
 
     def _batch_view(self):
         batch = self.runner.input_batch
@@ -197,22 +207,25 @@ class SBDProposer:
         return batch.req_ids[:n], batch.spec_token_ids[:n], self.runner.query_start_loc.np[: n + 1]
 
     # -- cost ---------------------------------------------------------------------------------------
-    def _measure(self, now: float, req_ids, sampled_token_ids) -> None:
-        """One engine step's time (since the previous propose) against its total scheduled width. Steps
-        that took a new request in (a prefill, maybe after idle time) or a prompt chunk are not counted."""
+    def _measure(self, now: float, req_ids, sampled_token_ids, gated: bool) -> None:
+        """One engine step's time (since the previous propose) against its total scheduled width, in the
+        record of its kind (`gated`: the forward had masks). Steps that took a new request in (a prefill,
+        maybe after idle time) or a prompt chunk are not counted."""
         ids = set(req_ids)
         last, self._last_t = self._last_t, now
         prev_ids, self._last_ids = self._last_ids, ids
         if last is None or not ids or not ids <= prev_ids or any(not s for s in sampled_token_ids):
             return
         width = int(self.runner.query_start_loc.np[len(req_ids)])
-        self.cost_model.add(width, now - last)
+        (self.gated_cost if gated else self.cost_model).add(width, now - last)
 
-    def _cost(self, batch: int):
+    def _cost(self, batch: int, masks: bool = False):
+        """A request's cost function (`StepCost.for_batch`); `masks`: for a mask draft, whose widened step
+        is a forward with masks."""
         if self.fixed_slope is not None:
             slope = self.fixed_slope
             return lambda w: 1.0 + slope * (w - 1)
-        return self.cost_model.for_batch(batch)
+        return self.cost_model.for_batch(batch, self.gated_cost if masks else None)
 
     # -- drafting -----------------------------------------------------------------------------------
     def _record(self, r: _Req, spec, sampled) -> None:
@@ -300,18 +313,19 @@ class SBDProposer:
         step), whichever yields the most expected tokens per unit of step time. A request's draft is
         priced as sbd's rules price it: a mask draft of k masks as its steady state (k − 1 chain tokens
         standing at the masks' record, 2k wide), a lookup draft of d tokens at lookup's record, 1 + d wide.
-        The step's time is T(total width)/T(batch) (`StepCost`; with `sbd_cost_slope` 1 + slope·(W − B)).
+        The step's time is T(total width)/T(batch) (`StepCost`; with `sbd_cost_slope` 1 + slope·(W − B)),
+        T read from the forwards with masks once a mask draft is in the step.
         Drafts are dropped least valuable (extra tokens per extra width) first; the best prefix wins."""
         if self.fixed_slope is not None:
             slope = self.fixed_slope
 
-            def ratio(w):
+            def ratio(w, gated=False):
                 return 1.0 + slope * (w - batch)
         else:
             base = self.cost_model.time(batch)
 
-            def ratio(w):
-                return self.cost_model.time(w) / base
+            def ratio(w, gated=False):
+                return (self.gated_cost if gated else self.cost_model).time(w) / base
         gains = []  # (extra tokens, extra width, index)
         for i, d in enumerate(drafts):
             if not d:
@@ -324,16 +338,16 @@ class SBDProposer:
             else:
                 kept, refused = r.kept["lookup"], r.refused["lookup"]
                 tokens, width = expected_tokens((kept + 1) / (kept + refused + 2), len(d)), 1 + len(d)
-            gains.append((tokens - 1.0, max(1, width - 1), i))
+            gains.append((tokens - 1.0, max(1, width - 1), i, d[-1] == self.mask_id))
         gains.sort(key=lambda g: g[0] / g[1], reverse=True)
         best, best_n = batch / ratio(batch), 0
-        tokens, width = float(batch), batch
-        for n, (t, w, _) in enumerate(gains, 1):
-            tokens, width = tokens + t, width + w
-            v = tokens / ratio(width)
+        tokens, width, gated = float(batch), batch, False
+        for n, (t, w, _, masks) in enumerate(gains, 1):
+            tokens, width, gated = tokens + t, width + w, gated or masks
+            v = tokens / ratio(width, gated)
             if v > best + 1e-12:
                 best, best_n = v, n
-        for _, _, i in gains[best_n:]:
+        for _, _, i, _ in gains[best_n:]:
             drafts[i] = []
             self._reqs[req_ids[i]].source = None
 
@@ -348,11 +362,12 @@ class SBDProposer:
         nreq = len(sampled_token_ids)
         req_ids = batch.req_ids[:nreq]
         specs = batch.spec_token_ids
-        self._measure(now, req_ids, sampled_token_ids)
-        stash = self.model.sbd_take_stash()
+        stash = self.model.sbd_take_stash()  # None: this step's forward had no masks
+        self._measure(now, req_ids, sampled_token_ids, stash is not None)
         self._step += 1
         active = sum(1 for s in sampled_token_ids if s)
         cost = self._cost(max(1, active)) if self.adaptive else None
+        mask_cost = self._cost(max(1, active), masks=True) if self.adaptive else None
         # the plain step's time at this batch size is what every draft is priced against: until it is
         # measured (no prior knows the jump from a 1-token to a 2-token step), this step goes plain
         # (a width near it measured is read from there: `StepCost.near`, `time` interpolates by width)
@@ -373,7 +388,7 @@ class SBDProposer:
             r.seen = self._step
             if self.adaptive:
                 self._record(r, specs[i], sampled)
-                self._adapt(r, cost, probe)
+                self._adapt(r, mask_cost, probe)
             r.source = None
             if explore:
                 continue
@@ -394,8 +409,8 @@ class SBDProposer:
             for i, k in wants_chain.items():
                 chain, probs = chains.get(i, ([], None))
                 chain = chain[: min(self.num_spec, self.max_model_len - int(num_tokens_no_spec[i]) - 1) - k]
-                if probs is not None and cost is not None:  # adaptive: as far as the drafter is sure
-                    chain = chain[: confident_length(probs[: len(chain)], cost, k, VerifyRow.REFUSAL_COST)]
+                if probs is not None and mask_cost is not None:  # adaptive: as far as the drafter is sure
+                    chain = chain[: confident_length(probs[: len(chain)], mask_cost, k, VerifyRow.REFUSAL_COST)]
                 drafts[i] = chain + [self.mask_id] * k
                 self._reqs[req_ids[i]].source = "masks"
         if self.adaptive and not probe and any(drafts):
