@@ -39,7 +39,7 @@ def run_vllm(python, mode: str, model: Path, adapter: Path, sets_file: Path, out
 
     cmd = [str(python), str(HERE / "vllm_worker.py"), "--model", str(model), "--mode", mode, "--sets", str(sets_file),
            "--out", str(out), "--max-tokens", str(args.max_tokens), "--passes", str(args.passes)]
-    if mode == "sbd":
+    if "sbd" in mode.split(","):
         cmd += ["--adapter", str(adapter)]
     if args.dtype:
         cmd += ["--dtype", args.dtype]
@@ -47,7 +47,7 @@ def run_vllm(python, mode: str, model: Path, adapter: Path, sets_file: Path, out
     done = subprocess.run(cmd, env=cpu_environment(args.threads), capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"vLLM {mode} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
-    return json.loads(out.read_text())
+    return json.loads(out.read_text()) if out.is_file() else {}
 
 
 def summarize(runs: list[dict], ref: dict, own: dict) -> dict:
@@ -75,6 +75,9 @@ def main() -> None:
                     help="vLLM configurations to run now; the others are read from --out when an earlier run left them")
     ap.add_argument("--dtype", default=None,
                     help="vLLM's dtype, e.g. float32 to compare tokens exactly (default: vLLM's own, bfloat16 here)")
+    ap.add_argument("--interleaved", action="store_true",
+                    help="run the --modes engines in one vLLM process, their passes interleaved (rotated order), "
+                         "instead of one process each back to back")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     out = Path(args.out)
@@ -100,9 +103,11 @@ def main() -> None:
                   for p in ps] for name, ps in sets.items()}
     own["+".join(sets)] = [t for name in sets for t in own[name]]
     results = {}
+    if args.interleaved:
+        run_vllm(python, args.modes, model_dir, adapter_dir, sets_file, out, args)
     for mode in ("plain", "ngram", "sbd"):
         done = out / f"vllm_{mode}.json"
-        if mode in args.modes.split(","):
+        if mode in args.modes.split(",") and not args.interleaved:
             results[f"vLLM {mode}"] = run_vllm(python, mode, model_dir, adapter_dir, sets_file, done, args)["runs"]
         elif done.is_file():  # kept from an earlier run of this command on the same sets
             results[f"vLLM {mode}"] = json.loads(done.read_text())["runs"]
@@ -137,7 +142,8 @@ def main() -> None:
              "the others compiled); "
              f"sbd with torch {torch.__version__}, transformers "
              f"{transformers.__version__}, float32. {args.n} held-out prompts per set (chat template), greedy, "
-             f"{args.max_tokens} new tokens; medians of {args.passes} passes; vLLM's ngram drafts 8 tokens from a 2-3 "
+             f"{args.max_tokens} new tokens; medians of {args.passes} passes"
+             f"{' (the vLLM engines in one process, passes interleaved)' if args.interleaved else ''}; vLLM's ngram drafts 8 tokens from a 2-3 "
              "token match.", "",
              "| engine | set | batch | tokens/s | vs vLLM plain | tokens / forward | same as vLLM plain | same as own fp32 greedy |",
              "|---|---|---|---:|---:|---:|---:|---:|"]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 45 item 4, the drafter's plateau: two short runs from the shipped drafter (adapter + head, restored
+# The drafter's plateau (../shared/research/drafter-plateau.md): two short runs from the shipped drafter (adapter + head, restored
 # by `state.py restore runs/campaign/start`) on the same 2,048 answers (train46.jsonl: mix.py --new-after
 # 11514 --old-share 0.5 --seed 46, first 2,048 in the run's order), the shipped run's recipe otherwise:
 #   cool  : learning-rate cool-down, 2e-4 falling as 1 - sqrt to 0 (the shipped runs: cosine from 5e-4)
