@@ -171,7 +171,7 @@ def expected_from_engines(path: Path, engine: str, prompts: str, batch: str) -> 
     key = f"{prompts}/{'1' if batch == '1' else 'all'}"
     row, plain = data[engine][key], data["vLLM plain"][key]
     return {"tokens/s": f"{row['tok_s']:.1f}", "vs vLLM plain": ratio(row["tok_s"] / plain["tok_s"]),
-            "tokens / forward": f"{row['tpf']:.2f}",
+            "tokens / forward": "–" if row["tpf"] is None else f"{row['tpf']:.2f}",
             "same as vLLM plain": "–" if engine == "vLLM plain" or row["same_vllm"] is None
             else f"{row['same_vllm']}/{row['n']}",
             "same as fp32 greedy": f"{row['same_own']}/{row['n']}"}

@@ -56,9 +56,10 @@ def summarize(runs: list[dict], ref: dict, own: dict) -> dict:
     for key in sorted({(r["set"], r["batch"]) for r in runs}):
         rs = [r for r in runs if (r["set"], r["batch"]) == key]
         first = rs[0]["tokens"]
-        gen, acc = sum(r["generated"] for r in rs), sum(r["accepted"] for r in rs)
+        gen = sum(r["generated"] for r in rs)
+        acc = None if any(r["accepted"] is None for r in rs) else sum(r["accepted"] for r in rs)
         rows[key] = {"tok_s": statistics.median(r["generated"] / r["seconds"] for r in rs),
-                     "tpf": gen / max(1, gen - acc),
+                     "tpf": None if acc is None else gen / max(1, gen - acc),
                      "same_vllm": None if key not in ref else sum(a == b for a, b in zip(first, ref[key])),
                      "same_own": sum(a == b for a, b in zip(first, own[key[0]])), "n": len(first),
                      "stable": all(r["tokens"] == first for r in rs)}
@@ -153,7 +154,7 @@ def main() -> None:
             ratio = f"{v['tok_s'] / base['tok_s']:.2f}x" if base else "–"
             same_vllm = "–" if v["same_vllm"] is None or name == "vLLM plain" else f"{v['same_vllm']}/{v['n']}"
             lines.append(f"| {name} | {s} | {'1' if b == '1' else str(v['n']) + ' at once'} | {v['tok_s']:.1f} | {ratio} | "
-                         f"{v['tpf']:.2f} | {same_vllm} | {v['same_own']}/{v['n']} |")
+                         f"{'–' if v['tpf'] is None else format(v['tpf'], '.2f')} | {same_vllm} | {v['same_own']}/{v['n']} |")
     text = "\n".join(lines) + "\n"
     print(text)
     (out / "engines.md").write_text(text)
