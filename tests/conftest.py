@@ -88,6 +88,16 @@ def attach_random_adapter(model, seed=0, scale=0.5, r=4):
     return ad
 
 
+def trainable_adapted(arch: str, tokenizer, seed: int):
+    """A frozen tiny model of ordinary logit scale (gradients of ordinary size) with a small random
+    adapter on it, for the training-forward equivalence tests: (model, adapter)."""
+    cfg = tiny.tiny_config(arch, vocab_size=len(tokenizer), hidden=64, layers=2, heads=4, kv_heads=2, context=128)
+    model = tiny.random_model(cfg, seed=seed)
+    model.config.sbd_mask_token_id = tokenizer.mask_token_id
+    model.requires_grad_(False)
+    return model, attach_random_adapter(model, scale=0.1)
+
+
 @pytest.fixture
 def cheap_width(monkeypatch):
     """Adaptive drafting without timing the model: a forward of width w costs 1 + 0.02 (w − 1) one-token

@@ -14,7 +14,7 @@ import json
 
 import pytest
 import torch
-from conftest import attach_random_adapter, hf_greedy, random_prompts
+from conftest import attach_random_adapter, hf_greedy, random_prompts, trainable_adapted
 from safetensors.torch import load_file
 from transformers import DynamicCache
 
@@ -98,11 +98,7 @@ def _doubled_batch(tokenizer, block_size=4, rate=0.6):
 
 @pytest.mark.parametrize("arch", tiny.ARCHS)
 def test_two_pass_training_forward_equals_the_doubled_forward(arch, tokenizer):
-    cfg = tiny.tiny_config(arch, vocab_size=len(tokenizer), hidden=64, layers=2, heads=4, kv_heads=2, context=128)
-    model = tiny.random_model(cfg, seed=3)  # logits of ordinary scale: gradients of ordinary size
-    model.config.sbd_mask_token_id = tokenizer.mask_token_id
-    model.requires_grad_(False)
-    ad = attach_random_adapter(model, scale=0.1)
+    model, ad = trainable_adapted(arch, tokenizer, seed=3)
     batch, labels, n, source = _doubled_batch(tokenizer)
     targets = labels[labels != IGNORE]
     model.train()

@@ -16,7 +16,7 @@ import json
 
 import pytest
 import torch
-from conftest import attach_random_adapter
+from conftest import attach_random_adapter, trainable_adapted
 from safetensors.torch import load_file
 
 from sbd import adapter as adapters
@@ -101,11 +101,7 @@ def test_noisy_blocks_refusals(tokenizer):
 
 @pytest.mark.parametrize("arch", tiny.ARCHS)
 def test_two_pass_forward_with_noisy_blocks_equals_the_doubled_forward(arch, tokenizer):
-    cfg = tiny.tiny_config(arch, vocab_size=len(tokenizer), hidden=64, layers=2, heads=4, kv_heads=2, context=128)
-    model = tiny.random_model(cfg, seed=5)
-    model.config.sbd_mask_token_id = tokenizer.mask_token_id
-    model.requires_grad_(False)
-    ad = attach_random_adapter(model, scale=0.1)
+    model, ad = trainable_adapted(arch, tokenizer, seed=5)
     model.train()
     c = _collator(tokenizer, 4, 2)
     clean = _clean(c)

@@ -14,7 +14,7 @@ import math
 
 import pytest
 import torch
-from conftest import _model, attach_random_adapter
+from conftest import _model, attach_random_adapter, trainable_adapted
 
 from sbd import adapter as adapters
 from sbd.cli import main
@@ -41,16 +41,14 @@ def _doubled(tokenizer, block_size=4):
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_latent_term_reads_the_doubled_forwards_hidden_states(arch, tokenizer):
-    cfg = tiny.tiny_config(arch, vocab_size=len(tokenizer), hidden=64, layers=2, heads=4, kv_heads=2, context=128)
-    model = tiny.random_model(cfg, seed=3)
-    model.config.sbd_mask_token_id = tokenizer.mask_token_id
-    model.requires_grad_(False)
-    ad = attach_random_adapter(model, scale=0.1)
+    model, ad = trainable_adapted(arch, tokenizer, seed=3)
     batch, labels, n, source = _doubled(tokenizer)
     keep = labels[:, n:] != IGNORE
     try:
         out = adapter_logits(model, batch, labels, n, source, with_hidden=True, base_hidden=True)
         fast = latent_sum(out.hidden, out.base_hidden, out.kl_valid)
+        alone = adapter_logits(model, batch, labels, n, source, with_hidden=True, base_hidden=True, base_logits=False)
+        assert alone.base_logits is None and torch.equal(alone.base_hidden, out.base_hidden)
         (g_fast,) = torch.autograd.grad(fast, [next(p for p in ad.parameters() if p.requires_grad)])
         # the reference: one doubled forward, gate at n, the output layer's input at every position
         with adapters.gated(model, n), capture_output_input(model) as box:

@@ -111,7 +111,7 @@ def freeze_below(model, layer: int) -> int:
 
 def adapter_logits(model, inputs: dict, labels: torch.Tensor, num_clean: int,
                    source_positions: torch.Tensor | None = None, grad_layer: int = 0,
-                   with_hidden: bool = False, base_hidden: bool = False) -> AdapterOutputs:
+                   with_hidden: bool = False, base_hidden: bool = False, base_logits: bool = True) -> AdapterOutputs:
     """Masked logits at the labelled noisy positions, computed in two passes (see the module docstring).
 
     inputs: the doubled batch (input_ids, position_ids, a (B,1,T,T) bool attention_mask). labels: (B,T),
@@ -120,7 +120,8 @@ def adapter_logits(model, inputs: dict, labels: torch.Tensor, num_clean: int,
     are returned too (for the KL term). grad_layer: see `grad_from_layer` (0: autograd everywhere).
     with_hidden: also return the final hidden states at the same positions (what a sampler head reads).
     base_hidden: with source_positions, also return the frozen model's final hidden state that predicts
-    each target (the latent-consistency term's target).
+    each target (the latent-consistency term's target). base_logits: False skips the frozen model's
+    logits (an N × vocabulary projection) when only base_hidden is wanted.
     """
     from transformers import DynamicCache
 
@@ -130,7 +131,7 @@ def adapter_logits(model, inputs: dict, labels: torch.Tensor, num_clean: int,
     src = source_positions[keep] if source_positions is not None else None     # (N,) position in x of each target
     c = clean_span(mask, n, src)
     cache = DynamicCache()
-    base_logits = kl_valid = prev = None
+    want_logits, base_logits, kl_valid, prev = base_logits, None, None, None
     with torch.no_grad(), gated(model, None):  # causal: right padding is never seen by a real position
         hidden = _backbone(model)(input_ids=ids[:, :c], position_ids=pos[:, :c], attention_mask=None,
                                   **with_cache(model, cache), use_cache=True).last_hidden_state
@@ -138,7 +139,8 @@ def adapter_logits(model, inputs: dict, labels: torch.Tensor, num_clean: int,
             kl_valid = src >= 1
             rows = keep.nonzero()[:, 0]
             prev = hidden[rows, (src - 1).clamp_min(0)]               # the clean position that predicts it
-            base_logits = model.get_output_embeddings()(prev)
+            if want_logits:
+                base_logits = model.get_output_embeddings()(prev)
     noisy_mask = torch.cat([mask[:, :, n:, :c], mask[:, :, n:, n:]], dim=-1)
     capture = capture_output_input(model) if with_hidden else contextlib.nullcontext()
     with gated(model, 0), grad_from_layer(model, grad_layer), capture as box:

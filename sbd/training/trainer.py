@@ -297,7 +297,7 @@ class SBDTrainer(Trainer):
                                      source if self.kl_weight or self.latent_weight else None,
                                      grad_layer=self.grad_layer,
                                      with_hidden=self.head_mode is not None or bool(self.latent_weight),
-                                     base_hidden=bool(self.latent_weight))
+                                     base_hidden=bool(self.latent_weight), base_logits=bool(self.kl_weight))
             outputs, logits = None, out.logits
             if self.kl_weight:
                 kl = kl_sum(out.logits, out.base_logits, out.kl_valid)
