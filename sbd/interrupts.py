@@ -49,6 +49,14 @@ def interrupted() -> bool:
     return _state["leaving"]
 
 
+def raise_if_interrupted() -> None:
+    """Raise the KeyboardInterrupt of a Ctrl-C that a library swallowed (an import probe that catches every
+    error reads an interrupted import as "not installed"): called before the command starts to wait on
+    anything, so that the Ctrl-C still stops it."""
+    if _state["leaving"]:
+        raise KeyboardInterrupt
+
+
 def leaving() -> None:
     """The command is on its way out because of Ctrl-C: from now on Ctrl-C ends the process at once."""
     _state["leaving"] = True
@@ -80,7 +88,9 @@ def run_command(load, argv=None) -> int:
     (imported only now, so that a Ctrl-C during the imports is caught too); its exit status, or 130."""
     try:
         install()
-        status = load()(argv)
+        main = load()
+        raise_if_interrupted()  # the imports may have swallowed it
+        status = main(argv)
     except KeyboardInterrupt:  # before the command's own guard (the imports) or after it
         exit_now()
     except BaseException:

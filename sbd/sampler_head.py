@@ -9,14 +9,22 @@ residual MLP of h_i and the embedding of the token at i − 1,
     h'_i = h_i + W2 · silu(W1 · [h_i ; E(t_{i−1})]),      logits'_i = lm_head(h'_i),
 
 with E the model's own (frozen) input embedding and a low inner width. W2 starts at zero, so an
-untrained head changes nothing. It acts on drafts only, never on the next-token head, so sbd-verify's
+untrained head changes nothing. A head made with `state=True` also carries its own inner activation
+from one draft position to the next (EAGLE's "feature + shifted token"):
+
+    a_i = silu(W1 · [h_i ; E(t_{i−1})] + U · a_{i−1}),      h'_i = h_i + W2 · a_i,
+
+with a before the first draft position zero and U starting at zero (`add_state` turns a trained head
+into a stateful one that drafts exactly as before), so position i can read the whole chain drafted
+before it, not only its last token. It acts on drafts only, never on the next-token head, so sbd-verify's
 output stays the model's own.
 
 Decoding (greedy) rescores only the masks' top-K candidates per position, left to right: position i's
 previous token is the head's own pick at i − 1 (for the first draft position, the next-token head's
 token before it). `draft_table` computes, on the device and in one batch, the best candidate at every
 position for every possible previous candidate; the row walks that table on the host (`walk`), so the
-sequential choice costs no extra device round trip.
+sequential choice costs no extra device round trip. A stateful head's table is built along its own
+greedy chain (position i's state is the one the chain reached), which is all the walk reads.
 
 Files: `sampler_head_config.json` + `sampler_head.safetensors`, in the drafting adapter's folder.
 The head hangs on the model as `model.sbd_sampler_head`; `enabled(model, False)` switches it off.
@@ -51,6 +59,7 @@ class SamplerHeadConfig:
     hidden_size: int = 0
     vocab_size: int = 0
     top_k: int = DEFAULT_TOP_K
+    state: bool = False
     head_type: str = HEAD_TYPE
 
     def __post_init__(self):
@@ -58,10 +67,13 @@ class SamplerHeadConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise SBDError(f"sampler head {name} must be an integer >= 1, got {v!r}")
+        if not isinstance(self.state, bool):
+            raise SBDError(f"sampler head state must be true or false, got {self.state!r}")
 
 
 class SamplerHead(nn.Module):
-    """h' = h + down(silu(up([h ; E(prev)]))); `down` starts at zero (an untrained head is the identity)."""
+    """h' = h + down(silu(up([h ; E(prev)]) + carry(a_prev))); `down` starts at zero (an untrained head is
+    the identity); `carry` (state heads only) starts at zero too."""
 
     def __init__(self, config: SamplerHeadConfig, dtype=torch.float32, device=None):
         super().__init__()
@@ -70,12 +82,24 @@ class SamplerHead(nn.Module):
         self.up = nn.Linear(2 * h, w, bias=True, dtype=dtype, device=device)
         self.down = nn.Linear(w, h, bias=False, dtype=dtype, device=device)
         nn.init.zeros_(self.down.weight)
+        self.carry = None
+        if config.state:
+            self.carry = nn.Linear(w, w, bias=False, dtype=dtype, device=device)
+            nn.init.zeros_(self.carry.weight)
         self.enabled = True  # decoding uses it only while enabled (`enabled`)
 
-    def delta(self, hidden: torch.Tensor, prev_embedding: torch.Tensor) -> torch.Tensor:
-        """The correction added to `hidden` (…, H), given the previous token's embedding (…, H)."""
+    def chain_delta(self, hidden: torch.Tensor, prev_embedding: torch.Tensor) -> torch.Tensor:
+        """The corrections (R, n, H) added to the hidden states (R, n, H) of n consecutive draft positions,
+        given the embeddings (R, n, H) of the tokens before them; a state head carries its activation along
+        each row's n positions, from zero before the first."""
         x = torch.cat([hidden, prev_embedding.to(hidden.dtype)], dim=-1)
-        return F.linear(F.silu(F.linear(x, self.up.weight, self.up.bias)), self.down.weight)
+        pre = F.linear(x, self.up.weight, self.up.bias)
+        if self.carry is None:
+            return F.linear(F.silu(pre), self.down.weight)
+        acts = [F.silu(pre[:, 0])]
+        for i in range(1, pre.shape[1]):
+            acts.append(F.silu(pre[:, i] + F.linear(acts[-1], self.carry.weight)))
+        return F.linear(torch.stack(acts, 1), self.down.weight)
 
 
 def head_of(model) -> SamplerHead | None:
@@ -103,6 +127,20 @@ def attach(model, config: SamplerHeadConfig | None = None) -> SamplerHead:
     return head
 
 
+def add_state(model) -> SamplerHead:
+    """Give the model's stateless head a state (`carry` at zero): it drafts exactly as before, and training
+    can then teach it to read the chain drafted so far."""
+    head = head_of(model)
+    if head is None:
+        raise SBDError("this model has no sampler head to give a state")
+    if head.carry is None:
+        w = head.config.width
+        head.carry = nn.Linear(w, w, bias=False, dtype=head.up.weight.dtype, device=head.up.weight.device)
+        nn.init.zeros_(head.carry.weight)
+        head.config.state = True
+    return head
+
+
 def detach(model) -> None:
     if head_of(model) is not None:
         del model.sbd_sampler_head
@@ -123,10 +161,11 @@ def enabled(model, on: bool):
 
 
 # -- training ------------------------------------------------------------------------------------------
-def head_logits(model, head: SamplerHead, hidden: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
-    """lm_head(h + delta(h, E(prev))): (N, V) logits of the head at N positions, hidden (N, H), prev (N,)."""
+def chain_hidden(model, head: SamplerHead, hidden: torch.Tensor, prev: torch.Tensor) -> torch.Tensor:
+    """h + correction at R rows of n consecutive draft positions: hidden (R, n, H), prev (R, n) the tokens
+    before them (teacher forcing: the true ones). The output layer of the result gives the head's logits."""
     embedding = F.embedding(prev, model.get_input_embeddings().weight)  # the table itself: no adapter hook
-    return model.get_output_embeddings()(hidden + head.delta(hidden, embedding))
+    return hidden + head.chain_delta(hidden, embedding)
 
 
 @contextlib.contextmanager
@@ -183,13 +222,28 @@ def draft_table(head: SamplerHead, model, hidden: torch.Tensor, logits: torch.Te
     w1h, w1e = head.up.weight[:, : h.shape[-1]], head.up.weight[:, h.shape[-1]:]
     # the model's tables may be in another dtype than the head (vLLM serves bfloat16 weights by default)
     pre = F.linear(h, w1h, head.up.bias)[:, None] + F.linear(F.embedding(prev, table).to(h.dtype), w1e)  # (m, K, width)
-    delta = F.linear(F.silu(pre), head.down.weight)                          # (m, K, H) for each previous j
-    out_w = model.get_output_embeddings().weight[cand]                       # (m, K, H) candidate rows
-    scores = base[:, None, :] + torch.einsum("mjh,mch->mjc", delta.float(), out_w.float())  # (m, K_prev, K)
+    out_w = model.get_output_embeddings().weight[cand].float()               # (m, K, H) candidate rows
+    if head.carry is None:
+        delta = F.linear(F.silu(pre), head.down.weight)                      # (m, K, H) for each previous j
+        scores = base[:, None, :] + torch.einsum("mjh,mch->mjc", delta.float(), out_w)  # (m, K_prev, K)
+    else:
+        scores = _state_scores(head, pre, base, out_w)
     if not probs:
         return torch.cat([cand.flatten(), scores.argmax(-1).flatten()])
     return torch.cat([cand.flatten().double(), scores.argmax(-1).flatten().double(),
                       scores.softmax(-1).amax(-1).flatten().double()])
+
+
+def _state_scores(head: SamplerHead, pre: torch.Tensor, base: torch.Tensor, out_w: torch.Tensor) -> torch.Tensor:
+    """A state head's scores (m, K_prev, K), position by position along its greedy chain: row i reads the
+    activation the chain left at i − 1 (zero before the first). Indices stay on the device (no sync)."""
+    rows, state, j = [], None, torch.zeros((), dtype=torch.long, device=pre.device)  # row 0: any column
+    for i in range(pre.shape[0]):
+        a = F.silu(pre[i] if state is None else pre[i] + F.linear(state, head.carry.weight))  # (K_prev, width)
+        row = base[i][None] + F.linear(a, head.down.weight).float() @ out_w[i].T                # (K_prev, K)
+        rows.append(row)
+        state, j = a[j], row[j].argmax()  # the chain's activation here, and its pick (the next row's column)
+    return torch.stack(rows)
 
 
 def walk(values, m: int, probs: bool = False):

@@ -57,6 +57,14 @@ def naive_chain(model, head, hidden, logits, first, top_k, probs=False):
     return (picks, chances) if probs else picks
 
 
+def random_positions(model, m, draws=20, seed=2):
+    """`draws` random final hidden states for m draft positions, each with the model's logits for them."""
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(draws):
+        hidden = torch.randn(m, model.config.hidden_size, generator=g)
+        yield hidden, model.get_output_embeddings()(hidden)
+
+
 class Recorder:
     """Every forward's input ids (row 0) and the output layer's input (what the head reads)."""
 
@@ -89,11 +97,8 @@ def test_table_walk_equals_left_to_right_rescoring(top_k):
     model = _model("qwen2")
     head = attach_random_head(model, seed=1, scale=3.0, top_k=top_k)
     try:
-        g = torch.Generator().manual_seed(2)
         changed = 0
-        for _ in range(20):
-            hidden = torch.randn(6, model.config.hidden_size, generator=g)
-            logits = model.get_output_embeddings()(hidden)
+        for hidden, logits in random_positions(model, 6):
             with torch.no_grad():
                 values = heads.draft_table(head, model, hidden, logits, torch.tensor(7)).tolist()
                 want = naive_chain(model, head, hidden, logits, 7, top_k)
@@ -378,25 +383,31 @@ def _batch(model, tok, k=4, seed=0):
     return clean, batch, c.previous_tokens(clean, k), c.sources(clean, k)
 
 
-def test_training_head_logits_equal_the_definition_by_hand(tokenizer):
+def head_training_forward(model, tok, k):
+    """The training forward's head terms on a small batch (`head_batch`: logits, targets, use) and, by hand,
+    the plain doubled forward's final hidden states (B, T, H), with the gate at the clean length."""
     from sbd.training.adapter_forward import adapter_logits
     from sbd.training.trainer import head_batch
 
+    clean, batch, prev, src = _batch(model, tok, k)
+    n, labels = batch["num_clean"], batch["labels"]
+    inputs = {key: batch[key] for key in ("input_ids", "position_ids", "attention_mask")}
+    with torch.no_grad():
+        out = adapter_logits(model, inputs, labels, n, with_hidden=True)
+        logits, target, use = head_batch(model, out, labels, n, prev)
+        with heads.capture_output_input(model) as box, adapters.gated(model, n):
+            model(**inputs, use_cache=False)
+    return clean, batch, prev, src, (logits, target, use), box[0]
+
+
+def test_training_head_logits_equal_the_definition_by_hand(tokenizer):
     model = _model("qwen2", seed=4)
     attach_random_adapter(model, seed=16)
     head = attach_random_head(model, seed=17, scale=3.0)
     try:
         k = 4
-        clean, batch, prev, src = _batch(model, tokenizer, k)
+        clean, batch, prev, src, (logits, target, use), hidden = head_training_forward(model, tokenizer, k)
         n, labels = batch["num_clean"], batch["labels"]
-        inputs = {key: batch[key] for key in ("input_ids", "position_ids", "attention_mask")}
-        with torch.no_grad():
-            out = adapter_logits(model, inputs, labels, n, with_hidden=True)
-            logits, target, use = head_batch(model, out, labels, n, prev)
-            # by hand: the plain doubled forward with the gate at n, its final hidden states captured
-            with heads.capture_output_input(model) as box, adapters.gated(model, n):
-                model(**inputs, use_cache=False)
-            hidden = box[0]  # (B, T, H)
         rows = (labels[:, n:] != -100).nonzero().tolist()
         assert int(use.sum()) == sum(j % k > 0 for _, j in rows) > 5
         ids, emb = clean["input_ids"], model.get_input_embeddings().weight

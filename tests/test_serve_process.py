@@ -140,3 +140,31 @@ def test_ctrl_c_during_the_imports_or_start_up_exits_130_without_a_traceback(del
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, (proc.returncode, err)
     assert "Traceback" not in err and err.strip().splitlines()[-1] == "sbd: interrupted", err
+
+
+def test_a_ctrl_c_a_library_swallowed_during_start_up_still_stops_the_server():
+    """A library that catches every error (an import probe) can swallow the KeyboardInterrupt of a Ctrl-C
+    that lands inside it; the server must still stop before it serves: status 130, one line. Here the
+    model's load swallows it on purpose (before the fix, the server went on to serve)."""
+    code = ("import os, signal, sys, time\n"
+            "from sbd.console import main\n"
+            "from sbd.models import loading\n"
+            "real = loading.load\n"
+            "def swallowing_load(*a, **k):\n"
+            "    try:\n"
+            "        os.kill(os.getpid(), signal.SIGINT)\n"
+            "        time.sleep(30)\n"
+            "    except BaseException:\n"
+            "        print('swallowed', file=sys.stderr, flush=True)\n"
+            "    return real(*a, **k)\n"
+            "loading.load = swallowing_load\n"
+            f"sys.exit(main(['serve', '--model', 'demo', '--port', '{_free_port()}', '--threads', '1']))\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "swallowed" in err and "serving" not in out, (out, err)
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == "sbd: interrupted", err

@@ -69,6 +69,7 @@ def run(app, sock: socket.socket, banner: str) -> None:
             elif sig == signal.SIGINT:  # a third: stop waiting for anything (uvicorn's own forced exit would
                 interrupts.exit_now()  # cancel the app's shutdown and log that as a traceback)
 
+    interrupts.raise_if_interrupted()  # a Ctrl-C during the imports or the model's load, which a library swallowed
     host, port = sock.getsockname()[:2]
     server = Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
     print(banner, flush=True)

@@ -98,6 +98,10 @@ class TrainConfig:
         "without autograd: a step costs about one forward); the adapter is saved unchanged beside it"))
     sampler_head_width: Optional[int] = field(default=None, metadata=_opt(
         "inner width of a new sampler head (default: 256, or the width of the head being continued)"))
+    sampler_head_state: bool = field(default=False, metadata=_opt(
+        "with --sampler-head or --sampler-head-only: the head also carries its own inner state from one draft "
+        "position to the next, so each draft reads the whole chain drafted before it, not only the last token. "
+        "A stateless head being continued gains the state at zero (it starts by drafting exactly as before)"))
     sampler_head_weight: float = field(default=1.0, metadata=_opt(
         "--sampler-head: weight of the head's loss next to the masked loss"))
     group_by_length: bool = field(default=False, metadata=_opt(
@@ -125,8 +129,8 @@ class TrainConfig:
     resume_keys = ("data", "mode", "adapter", "rank", "alpha", "kl_weight", "latent_weight", "schedule", "steps", "batch_size", "grad_accum", "lr", "warmup_steps", "max_len",
                    "block_size_min", "block_size_max", "block_size", "mask_rate", "align_to_completion",
                    "last_block", "suffix_share", "noisy_blocks", "train_layers_from", "position_decay",
-                   "sampler_head", "sampler_head_only", "sampler_head_width", "sampler_head_weight",
-                   "group_by_length", "seed")
+                   "sampler_head", "sampler_head_only", "sampler_head_width", "sampler_head_state",
+                   "sampler_head_weight", "group_by_length", "seed")
 
     def __post_init__(self):
         self.model, self.data, self.out = str(self.model), str(self.data), str(self.out)
@@ -197,9 +201,10 @@ class TrainConfig:
         if self.sampler_head and self.sampler_head_only:
             raise SBDError("choose one of --sampler-head (train it with the adapter) and --sampler-head-only "
                            "(train it alone over a frozen adapter)")
-        if (self.sampler_head_width is not None or self.sampler_head_weight != 1.0) and not heads:
-            raise SBDError("--sampler-head-width and --sampler-head-weight need --sampler-head or "
-                           "--sampler-head-only")
+        if (self.sampler_head_width is not None or self.sampler_head_weight != 1.0 or self.sampler_head_state) \
+                and not heads:
+            raise SBDError("--sampler-head-width, --sampler-head-state and --sampler-head-weight need --sampler-head "
+                           "or --sampler-head-only")
         w = self.sampler_head_width
         if w is not None and (not isinstance(w, int) or isinstance(w, bool) or w < 1):
             raise SBDError(f"--sampler-head-width must be >= 1, got {w!r}")
@@ -358,12 +363,17 @@ def _setup_head(model, config: TrainConfig, warm: bool) -> None:
         raise SBDError("--sampler-head-only trains a head over a trained drafting adapter: give the adapter's "
                        "folder as --model (or use --sampler-head to train both)")
     if head is None:
-        heads.attach(model, heads.SamplerHeadConfig(width=config.sampler_head_width or heads.DEFAULT_WIDTH))
+        heads.attach(model, heads.SamplerHeadConfig(width=config.sampler_head_width or heads.DEFAULT_WIDTH,
+                                                    state=config.sampler_head_state))
     elif config.sampler_head_width not in (None, head.config.width):
         raise SBDError(f"--model's sampler head has width {head.config.width}; give --sampler-head-width "
                        f"{head.config.width} (or none) to continue it")
     else:
-        print(f"continuing the sampler head of {config.model} (its weights are the starting point)")
+        gains = config.sampler_head_state and head.carry is None
+        if gains:
+            heads.add_state(model)
+        print(f"continuing the sampler head of {config.model} (its weights are the starting point"
+              f"{'; it gains a state, at zero' if gains else ''})")
     heads.head_of(model).requires_grad_(True)
 
 

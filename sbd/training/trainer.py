@@ -488,12 +488,25 @@ class HeadTerms:
 def head_batch(model, out, labels, num_clean, previous):
     """The sampler head in teacher forcing: (logits, targets, use). `use` (N,) marks the labelled noisy
     positions (row-major, as `out.logits`) that have a previous place in their block; at those, logits
-    = lm_head(h + MLP([h; E(true previous token)])) and targets their labels."""
+    = lm_head(h + MLP([h; E(true previous token)] (+ carried state))) and targets their labels. Each block
+    runs as one chain from its offset 1 (a state head carries its activation along it, as in decoding); a
+    place without a label (a revealed token, padding) feeds the chain a zero hidden state."""
     n = int(num_clean)
     keep = labels[:, n:] != IGNORE
-    prev = previous.to(keep.device)[keep]                                 # (N,) row-major like the logits
-    use = prev >= 0
-    logits = heads.head_logits(model, heads.head_of(model), out.hidden[use], prev[use])
+    previous = previous.to(keep.device)
+    b, m = previous.shape
+    blocks = int((previous[0] < 0).sum())  # every block starts with −1, and nothing else is negative
+    k = m // max(blocks, 1)
+    if blocks < 1 or k * blocks != m:
+        raise SBDError(f"previous tokens of {m} noisy positions do not split into equal blocks")
+    grid = out.hidden.new_zeros(b, m, out.hidden.shape[-1])
+    grid[keep] = out.hidden                                             # unlabelled places: zeros
+    rows = grid.view(b * blocks, k, -1)
+    prev = previous.clamp_min(0).view(b * blocks, k)[:, 1:]
+    chain = heads.chain_hidden(model, heads.head_of(model), rows[:, 1:], prev)
+    corrected = torch.cat([rows[:, :1], chain], 1).view(b, m, -1)
+    use = previous[keep] >= 0
+    logits = model.get_output_embeddings()(corrected[keep][use])
     return logits, labels[:, n:][keep][use], use
 
 

@@ -13,8 +13,9 @@ from pathlib import Path
 import torch
 
 
-def make(out, arch: str = "llama", block_size: int = 4, seed: int = 0) -> Path:
-    """Write the tiny model and its random adapter to `out` (the model only if it is not there yet)."""
+def make(out, arch: str = "llama", block_size: int = 4, seed: int = 0, head: str | None = None) -> Path:
+    """Write the tiny model and its random adapter to `out` (the model only if it is not there yet); head
+    "plain" or "state": a sampler head with random non-zero weights beside the adapter (with its state)."""
     from transformers import AutoModelForCausalLM
 
     from sbd import adapter
@@ -31,6 +32,16 @@ def make(out, arch: str = "llama", block_size: int = 4, seed: int = 0) -> Path:
             p.copy_(torch.randn(p.shape, generator=g) * 0.05)
         ad.mask_embedding.copy_(torch.randn(ad.mask_embedding.shape, generator=g) * 0.05)
     adapter.save(model, out / "sbd_adapter")
+    if head is not None:
+        from sbd import sampler_head
+
+        h = sampler_head.attach(model, sampler_head.SamplerHeadConfig(width=16, top_k=4, state=head == "state"))
+        scale = model.get_input_embeddings().weight.std()
+        with torch.no_grad():
+            for p in h.parameters():
+                p.copy_(torch.randn(p.shape, generator=g) * 3.0 / p.shape[-1] ** 0.5)
+            h.up.weight[:, model.config.hidden_size:] /= scale  # the previous token weighs as much as the state
+        sampler_head.save(model, out / "sbd_adapter")
     return out
 
 
@@ -40,8 +51,9 @@ def main():
     ap.add_argument("--arch", default="llama")
     ap.add_argument("--block-size", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--head", choices=["plain", "state"], default=None, help="also a random sampler head")
     args = ap.parse_args()
-    out = make(args.out, args.arch, args.block_size, args.seed)
+    out = make(args.out, args.arch, args.block_size, args.seed, args.head)
     print(f"wrote {out} and {out / 'sbd_adapter'}")
 
 

@@ -112,22 +112,36 @@ def test_greedy_is_the_models_own(tiny, tmp_path):
     assert alone["stats"]["lookup_drafts"] > 0
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "mistral"])
-def test_other_families_keep_their_tokens(arch, tmp_path):
-    """The Qwen2, Qwen3 and Mistral classes (`SBDQwen2ForCausalLM`, ...): a tiny random model of each family
-    with a random adapter drafts with its masks in vLLM, and the outputs are Hugging Face's greedy tokens."""
+def _masks_alone(folder, tmp_path):
+    """vLLM + sbd with the masks' drafts alone (whole blocks, no lookup) on 4 prompts of the tiny model in
+    `folder`: (the run's result, Hugging Face's greedy tokens)."""
     from transformers import AutoTokenizer
 
-    folder = make_tiny.make(tmp_path / f"tiny_{arch}", arch=arch)
     tok = AutoTokenizer.from_pretrained(folder)
     prompts = [tok.encode(t) for t in TEXTS[:4]]
     prompts_file = tmp_path / "prompts.json"
     prompts_file.write_text(json.dumps(prompts))
-    greedy = hf_reference.greedy(folder, prompts, MAX_TOKENS)
     got = run(folder, prompts_file, tmp_path / "out.json", "--mode", "sbd", "--override", "sbd_lookup=false",
               "--override", 'sbd_draft="block"')
+    return got, hf_reference.greedy(folder, prompts, MAX_TOKENS)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "mistral"])
+def test_other_families_keep_their_tokens(arch, tmp_path):
+    """The Qwen2, Qwen3 and Mistral classes (`SBDQwen2ForCausalLM`, ...): a tiny random model of each family
+    with a random adapter drafts with its masks in vLLM, and the outputs are Hugging Face's greedy tokens."""
+    got, greedy = _masks_alone(make_tiny.make(tmp_path / f"tiny_{arch}", arch=arch), tmp_path)
     assert got["tokens"] == greedy
     assert got["stats"]["mask_drafts"] > 0 and got["stats"]["chain_tokens"] > 0
+
+
+@pytest.mark.parametrize("head", ["plain", "state"])
+def test_a_sampler_head_drafts_and_keeps_the_models_tokens(head, tmp_path):
+    """A random sampler head beside the adapter (stateless, and one carrying its state from draft to draft)
+    redrafts the masks' chains inside vLLM; the outputs stay Hugging Face's greedy tokens."""
+    got, greedy = _masks_alone(make_tiny.make(tmp_path / "tiny_head", head=head), tmp_path)
+    assert got["tokens"] == greedy
+    assert got["stats"]["head_chains"] > 0 and got["stats"]["chain_tokens"] > 0
 
 
 def test_compiled_plain_steps_keep_the_models_tokens(tiny, tmp_path):

@@ -167,7 +167,8 @@ class SBDProposer:
         self.cfg = vllm_config.model_config.hf_config
         self.model = self.runner = None
         self.stats = {"steps": 0, "tokens": 0, "lookup_drafts": 0, "mask_drafts": 0, "chain_tokens": 0,
-                      "empty_drafts": 0, "plain_engine_steps": 0, "engine_steps": 0, "logits_fallback": 0}
+                      "empty_drafts": 0, "plain_engine_steps": 0, "engine_steps": 0, "logits_fallback": 0,
+                      "head_chains": 0}
         self._stats_path = os.environ.get("SBD_VLLM_STATS")
         self._trace_path = os.environ.get("SBD_VLLM_TRACE")  # JSON lines: one per request and step (tests)
         self._reqs: dict[str, _Req] = {}
@@ -306,6 +307,7 @@ class SBDProposer:
             values = draft_table(self.head, tables, hidden[at : at + c].float(), logits[at : at + c], first)
             chains[i] = (walk(values.tolist(), c), None)
             at += c
+        self.stats["head_chains"] += len(keep)
         return chains
 
     def _decide(self, drafts, req_ids, sampled_token_ids, batch: int) -> None:
