@@ -21,9 +21,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _ctrl_c_reaches_it() -> None:
+    """In the child before it starts: Ctrl-C at its default, as in a terminal. A test run started as a
+    background job inherits SIGINT ignored, and the command rightly ignores it then (as under nohup)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _start(argv: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_ctrl_c_reaches_it)
+
+
 def _serve(port: int, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "sbd.cli", "serve", "--model", "demo", "--port", str(port),
-                             "--threads", "1", *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return _start([sys.executable, "-m", "sbd.cli", "serve", "--model", "demo", "--port", str(port), "--threads", "1",
+                   *extra])
 
 
 def test_a_taken_port_is_one_line_and_a_non_zero_exit_before_serving():
@@ -136,7 +147,7 @@ def test_ctrl_c_during_the_imports_or_start_up_exits_130_without_a_traceback(del
             f"    threading.Timer({delay}, os.kill, (os.getpid(), signal.SIGINT)).start()\n"
             "interrupts.install = install_and_arm\n"
             f"sys.exit(main(['serve', '--model', 'demo', '--port', '{_free_port()}', '--threads', '1']))\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = _start([sys.executable, "-c", code])
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, (proc.returncode, err)
     assert "Traceback" not in err and err.strip().splitlines()[-1] == "sbd: interrupted", err
@@ -159,7 +170,7 @@ def test_a_ctrl_c_a_library_swallowed_during_start_up_still_stops_the_server():
             "    return real(*a, **k)\n"
             "loading.load = swallowing_load\n"
             f"sys.exit(main(['serve', '--model', 'demo', '--port', '{_free_port()}', '--threads', '1']))\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = _start([sys.executable, "-c", code])
     try:
         out, err = proc.communicate(timeout=300)
     finally:
