@@ -82,10 +82,7 @@ class SamplerHead(nn.Module):
         self.up = nn.Linear(2 * h, w, bias=True, dtype=dtype, device=device)
         self.down = nn.Linear(w, h, bias=False, dtype=dtype, device=device)
         nn.init.zeros_(self.down.weight)
-        self.carry = None
-        if config.state:
-            self.carry = nn.Linear(w, w, bias=False, dtype=dtype, device=device)
-            nn.init.zeros_(self.carry.weight)
+        self.carry = _zero_carry(w, dtype, device) if config.state else None
         self.enabled = True  # decoding uses it only while enabled (`enabled`)
 
     def chain_delta(self, hidden: torch.Tensor, prev_embedding: torch.Tensor) -> torch.Tensor:
@@ -100,6 +97,13 @@ class SamplerHead(nn.Module):
         for i in range(1, pre.shape[1]):
             acts.append(F.silu(pre[:, i] + F.linear(acts[-1], self.carry.weight)))
         return F.linear(torch.stack(acts, 1), self.down.weight)
+
+
+def _zero_carry(width: int, dtype, device) -> nn.Linear:
+    """The state's weights U (width × width), at zero: a state that changes nothing until trained."""
+    carry = nn.Linear(width, width, bias=False, dtype=dtype, device=device)
+    nn.init.zeros_(carry.weight)
+    return carry
 
 
 def head_of(model) -> SamplerHead | None:
@@ -134,9 +138,7 @@ def add_state(model) -> SamplerHead:
     if head is None:
         raise SBDError("this model has no sampler head to give a state")
     if head.carry is None:
-        w = head.config.width
-        head.carry = nn.Linear(w, w, bias=False, dtype=head.up.weight.dtype, device=head.up.weight.device)
-        nn.init.zeros_(head.carry.weight)
+        head.carry = _zero_carry(head.config.width, head.up.weight.dtype, head.up.weight.device)
         head.config.state = True
     return head
 
