@@ -109,6 +109,8 @@ def main() -> None:
                    help="the plain forward (full logits, dense-mask SDPA): the step before sbd/training/attention.py")
     p.add_argument("--compare", action="store_true",
                    help="also time the plain forward (ntp-plain, sbd-plain) interleaved with the fast one")
+    p.add_argument("--no-memory", action="store_true",
+                   help="skip the peak-memory processes (one per configuration): timings only")
     p.add_argument("--config", default=None, help=argparse.SUPPRESS)  # internal: one configuration
     args = p.parse_args()
     if args.threads:
@@ -119,7 +121,7 @@ def main() -> None:
     configs = CONFIGS + (PLAIN_CONFIGS if args.compare else ())
     timed = run(args, configs, args.warmup, args.steps)
     peaks = {}
-    for config in configs:
+    for config in configs if not args.no_memory else ():
         cmd = [sys.executable, __file__, *sys.argv[1:], "--config", config]
         peaks[config] = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)["peak_bytes"]
     ref = {c: "ntp-plain" if c.endswith("-plain") else "ntp" for c in configs}
@@ -131,8 +133,9 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for name in configs:  # "vs ntp": against the NTP step with the same forward (fast or plain)
         med, (lo, hi) = timed["median_s"][name], timed["spread_s"][name]
+        peak = f"{peaks[name] / 2**20:.0f}" if name in peaks else "–"
         print(f"| {name} | {med:.4f} | {lo:.3f}-{hi:.3f} | {med / timed['median_s'][ref[name]]:.2f}x | "
-              f"{lo / timed['spread_s'][ref[name]][0]:.2f}x | {timed['tokens'] / med:.0f} | {peaks[name] / 2**20:.0f} |")
+              f"{lo / timed['spread_s'][ref[name]][0]:.2f}x | {timed['tokens'] / med:.0f} | {peak} |")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,14 @@ import signal
 import sys
 
 STATUS = 130  # what a shell expects of a process ended by Ctrl-C
+TERM_STATUS = 143  # 128 + SIGTERM: what a scheduler expects of a process that its SIGTERM ended
 _state = {"installed": False, "leaving": False}
+
+
+class Terminated(KeyboardInterrupt):
+    """A SIGTERM (what schedulers and `kill` send) that the work turned into a clean stop, as it turns a
+    Ctrl-C: `sbd train` saves a checkpoint first. A KeyboardInterrupt, so that a caller who handles Ctrl-C
+    handles it too; `sbd train` exits with TERM_STATUS on it."""
 
 
 def _on_sigint(signum, frame) -> None:

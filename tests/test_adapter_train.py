@@ -31,7 +31,7 @@ def _setup(root):
 def _argv(root, out, steps, extra=()):
     return ["train", "--model", str(root / "model"), "--data", str(root / "toy.jsonl"), "--out", str(out),
             "--adapter", "lora", "--rank", "8", "--steps", str(steps), "--batch-size", "16", "--lr", "1e-2",
-            "--warmup-steps", "5", "--logging-steps", "10", "--save-steps", "20", "--block-size", "4",
+            "--warmup-steps", str(min(5, steps - 1)), "--logging-steps", "10", "--save-steps", "20", "--block-size", "4",
             "--align-to-completion", "--no-progress", *extra]
 
 

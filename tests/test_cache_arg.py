@@ -44,7 +44,7 @@ def test_a_cached_forward_warns_nothing_and_fills_the_cache():
     """The name we pass is the one the model reads: the cache fills (a wrong name would leave it empty or
     raise), and no deprecation warning is raised on any transformers version."""
     model = _model("llama")
-    ids = torch.tensor([[5, 6, 7, 8]])
+    ids = torch.tensor([[5, 6, 7, 8]], device=model.device)
     cache = DynamicCache(config=model.config)
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)

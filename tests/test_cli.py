@@ -18,16 +18,35 @@ def model_dir(tmp_path_factory):
 def test_generate_compare_prints_every_method(model_dir, capsys):
     assert main(["generate", "--model", str(model_dir), "hello", "12 + 34", "--compare", "--max-new-tokens", "12",
                  "--block-size", "4", "--gamma", "0.5"]) == 0
-    out = capsys.readouterr().out
-    assert out.count("--- ntp (") == 2 and out.count("--- sbd (") == 2 and out.count("--- sbd-verify (") == 2
-    assert "same tokens as NTP: True" in out
-    assert "NFE speedup" in out and "tokens/forward" in out and "tokens/s" in out
+    captured = capsys.readouterr()
+    out, err = captured.out, captured.err
+    assert out.count("=== prompt ") == 2
+    assert out.count("--- ntp\n") == 2 and out.count("--- sbd\n") == 2 and out.count("--- sbd-verify\n") == 2
+    # the statistics go to stderr, each speedup naming its baseline
+    assert "same tokens as NTP: True" in err and "sbd-verify vs NTP" in err and "sbd vs NTP" in err
+    assert "NFE speedup" in err and "tokens/forward" in err and "tokens/s" in err and "NFE per prompt" in err
+    assert "NFE" not in out and "tokens/s" not in out and "speedup" not in out
 
 
 def test_generate_single_method(model_dir, capsys):
     assert main(["generate", "--model", str(model_dir), "hi", "--method", "ntp", "--max-new-tokens", "5"]) == 0
-    out = capsys.readouterr().out
-    assert "--- ntp" in out and "--- sbd" not in out
+    captured = capsys.readouterr()
+    assert "---" not in captured.out and "===" not in captured.out  # one answer alone: no label
+    assert "NTP" in captured.err and "tokens/forward" in captured.err
+
+
+def test_generate_prints_the_answer_alone_on_stdout_and_statistics_on_stderr(capsys):
+    """`sbd generate ... > answer.txt` captures the answer and nothing else."""
+    import sbd
+
+    model, tokenizer = sbd.load("demo")
+    expected = sbd.generate(model, tokenizer, ["Add up: 1 + 2"], method="ntp", max_new_tokens=128).texts[0]
+    capsys.readouterr()
+    assert main(["generate", "--model", "demo", "Add up: 1 + 2"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == expected + "\n"  # sbd-verify (the default): the model's own greedy answer
+    for stat in ("SBD-VERIFY", "NFE", "tokens/forward", "tokens/s", "drafting"):
+        assert stat in captured.err and stat not in captured.out
 
 
 def test_generate_anchored_plain_sbd(model_dir, capsys):
@@ -36,8 +55,7 @@ def test_generate_anchored_plain_sbd(model_dir, capsys):
     anchored = capsys.readouterr().out
     assert main(["generate", "--model", str(model_dir), "hi", "--method", "ntp", "--max-new-tokens", "6"]) == 0
     ntp = capsys.readouterr().out
-    text = lambda out: out.split("--- ", 1)[1].split("\n", 1)[1].split("\n")[0]  # noqa: E731
-    assert text(anchored) == text(ntp)  # γ = 0: the next-token head's tokens, one per forward
+    assert anchored == ntp  # γ = 0: the next-token head's tokens, one per forward
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -61,13 +61,13 @@ def test_every_sbd_forward_equals_a_recompute_without_cache(model, gamma):
         c, q = ctx_ids.shape[1], r.input_ids.shape[1]
         # The SPEC's mask, built here and not taken from the loop: context and committed tokens
         # causal, block positions see everything before them and each other.
-        full_mask = causal_mask(torch.zeros(1, dtype=torch.long), c + q)
+        full_mask = causal_mask(torch.zeros(1, dtype=torch.long, device=model.device), c + q)
         full_mask[..., c + r.n_commit :, :] = True
         with torch.no_grad():
             fresh = model(input_ids=torch.cat([ctx_ids, r.input_ids], 1),
                           position_ids=torch.cat([ctx_pos, r.position_ids], 1),
                           attention_mask=full_mask).logits[:, -r.logits.shape[1]:]
-        keep = torch.ones(fresh.shape[-1], dtype=torch.bool)
+        keep = torch.ones(fresh.shape[-1], dtype=torch.bool, device=model.device)
         keep[model.config.sbd_mask_token_id] = False  # the loop suppresses the mask token's logit
         assert (r.logits[..., keep] - fresh[..., keep]).abs().max() <= TOL
         block_calls += 1
@@ -106,8 +106,9 @@ def test_ntp_equals_transformers_generate(model):
     for prompt in random_prompts(3, model.config.vocab_size, lengths=(4, 9, 1)):
         ours = sbd.generate(model, None, [prompt], method="ntp", max_new_tokens=24)
         with torch.no_grad():
-            ref = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                                 do_sample=False, max_new_tokens=24)[0, len(prompt):].tolist()
+            ids = torch.tensor([prompt], device=model.device)
+            ref = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                 max_new_tokens=24)[0, len(prompt):].tolist()
         eos = model.generation_config.eos_token_id
         if eos in ref:
             ref = ref[: ref.index(eos) + 1]
@@ -148,7 +149,7 @@ def test_revealed_tokens_are_fed_back_into_the_block(model):
 @pytest.mark.parametrize("method,gamma", [("ntp", 0.0), ("sbd", 0.0), ("sbd", 0.35), ("sbd", 1.0), ("sbd", math.inf)])
 def test_batch_decodes_each_row_as_if_alone(model, method, gamma):
     prompts = random_prompts(5, model.config.vocab_size, seed=3)
-    kw = dict(method=method, block_size=4, gamma=gamma, max_new_tokens=30)
+    kw = dict(method=method, block_size=4, max_new_tokens=30, **({"gamma": gamma} if method == "sbd" else {}))
     # Make a token that the first row produces mid-way the EOS, so that rows stop at different times.
     free = sbd.generate(model, None, prompts[:1], eos_token_ids=[], **kw)
     eos = [free.token_ids[0][9]]

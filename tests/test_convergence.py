@@ -15,7 +15,7 @@ def naive_counts(model, ids, start, k, mask_id, eos):
     """Per scored token t: NTP top-1, masked top-1 with the true block tokens before t and masks from t
     on, and masked top-1 with the whole block masked, each from its own full forward without a cache."""
     n = len(ids)
-    causal = model(input_ids=torch.tensor([ids])).logits[0]
+    causal = model(input_ids=torch.tensor([ids], device=model.device)).logits[0]
     final_start = start + (n - 1 - start) // k * k if ids[-1] in eos else n
     counts = [[[0, 0, 0, 0] for _ in range(k)] for _ in range(2)]
     entropies = []
@@ -26,9 +26,10 @@ def naive_counts(model, ids, start, k, mask_id, eos):
         true_block = [ids[p] if p < n else mask_id for p in range(b0, b0 + k)]
 
         def masked_logits(block):
-            x = torch.tensor([prefix + block])
-            mask = inference_mask(torch.zeros(1, dtype=torch.long), 0, len(prefix), k)
-            out = model(input_ids=x, position_ids=torch.arange(len(prefix) + k)[None], attention_mask=mask).logits
+            x = torch.tensor([prefix + block], device=model.device)
+            mask = inference_mask(torch.zeros(1, dtype=torch.long, device=model.device), 0, len(prefix), k)
+            pos = torch.arange(len(prefix) + k, device=model.device)[None]
+            out = model(input_ids=x, position_ids=pos, attention_mask=mask).logits
             row = out[0, len(prefix) + j].float()
             row[mask_id] = torch.finfo(row.dtype).min
             return row
@@ -50,7 +51,7 @@ def test_matches_naive_reference(llama):
     mask_id, eos = llama.config.sbd_mask_token_id, llama.generation_config.eos_token_id
     examples = []
     for n, p in [(23, 5), (9, 0), (17, 8)]:
-        ids = torch.randint(3, 300, (n,), generator=g).tolist()
+        ids = torch.randint(3, 300, (n,), generator=g, device="cpu").tolist()
         if p:
             ids[-1] = eos  # the completions end with EOS: their last block is the final block
         examples.append({"input_ids": ids, "prompt_length": p})

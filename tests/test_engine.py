@@ -131,7 +131,7 @@ def test_each_rows_cache_equals_a_causal_prefill_of_its_tokens(model, method):
     for ids, cached in checks:
         ref = DynamicCache(config=model.config)
         with torch.no_grad():
-            model(input_ids=torch.tensor([ids]), **with_cache(model, ref), use_cache=True)
+            model(input_ids=torch.tensor([ids], device=model.device), **with_cache(model, ref), use_cache=True)
         for (k, v), layer in zip(cached, ref.layers):
             assert (k - layer.keys[0]).abs().max() <= 1e-4 and (v - layer.values[0]).abs().max() <= 1e-4
 

@@ -97,6 +97,9 @@ def test_ship_then_demo(run, tmp_path, monkeypatch, capsys):
     assert "NTP-trained, NTP" in out and stats["baseline"]["nfe"] == stats["baseline"]["tokens"]
     assert stats["ntp"]["nfe"] == stats["ntp"]["tokens"] and stats["sbd"]["nfe"] <= stats["sbd"]["tokens"]
     assert "SBD-trained, SBD-verify" in out and "the same answers as NTP decoding of the same model on 3 of 3" in out
+    # every speedup names its baseline: the table's the NTP-trained model, the SBD-verify sentence's the same model
+    assert "NFE speedup vs NTP-trained, NTP" in out and "wall-clock vs NTP-trained, NTP" in out
+    assert "against that decoding (SBD-trained, NTP)" in out
 
 
 def test_missing_demo_model_is_one_clear_error(tmp_path, monkeypatch):

@@ -22,7 +22,7 @@ from sbd.evaluation.lm_eval_model import SBDLM  # noqa: E402
 from sbd.models.loading import load  # noqa: E402
 from sbd.tasks import make_split, score  # noqa: E402
 
-from conftest import _model  # noqa: E402
+from conftest import DEVICE, _model  # noqa: E402
 
 
 def _request(kind, args, task="t", idx=0):
@@ -32,7 +32,7 @@ def _request(kind, args, task="t", idx=0):
 @pytest.fixture
 def tiny_lm(tokenizer):
     return SBDLM(pretrained=_model("llama"), tokenizer=tokenizer, method="sbd", gamma=0.35, block_size=4,
-                 batch_size=3, device="cpu", max_gen_toks=24)
+                 batch_size=3, device=str(DEVICE), max_gen_toks=24)
 
 
 def test_generate_until_is_sbd_generate_with_the_tasks_stop_strings(tiny_lm, tokenizer):
@@ -70,8 +70,9 @@ def test_batched_loglikelihood_equals_one_request_at_a_time(tiny_lm, tokenizer):
         whole = tiny_lm.tok_encode(context + continuation) if context else ctx + tiny_lm.tok_encode(continuation)
         cont = whole[len(ctx):]
         with torch.inference_mode():
-            lp = torch.log_softmax(model(torch.tensor([whole[:-1]])).logits[0].float(), -1)[-len(cont):]
-        target = torch.tensor(cont)
+            ids = torch.tensor([whole[:-1]], device=model.device)
+            lp = torch.log_softmax(model(ids).logits[0].float(), -1)[-len(cont):]
+        target = torch.tensor(cont, device=model.device)
         assert logprob == pytest.approx(float(lp.gather(-1, target[:, None]).sum()), abs=1e-4)
         assert greedy == bool((lp.argmax(-1) == target).all())
 
@@ -81,17 +82,18 @@ def test_rolling_loglikelihood_is_the_sum_over_the_text(tiny_lm):
     (total,) = tiny_lm.loglikelihood_rolling([_request("loglikelihood_rolling", (text,))], disable_tqdm=True)
     ids = [tiny_lm.prefix_token_id] + tiny_lm.tok_encode(text)
     with torch.inference_mode():
-        lp = torch.log_softmax(_model("llama")(torch.tensor([ids[:-1]])).logits[0].float(), -1)
-    assert total == pytest.approx(float(lp.gather(-1, torch.tensor(ids[1:])[:, None]).sum()), abs=1e-3)
+        lp = torch.log_softmax(_model("llama")(torch.tensor([ids[:-1]], device=DEVICE)).logits[0].float(), -1)
+    target = torch.tensor(ids[1:], device=DEVICE)
+    assert total == pytest.approx(float(lp.gather(-1, target[:, None]).sum()), abs=1e-3)
 
 
 def test_bad_model_arguments_are_one_line_errors(tokenizer):
     with pytest.raises(SBDError, match="method"):
-        SBDLM(pretrained=_model("llama"), tokenizer=tokenizer, method="fast", device="cpu")
+        SBDLM(pretrained=_model("llama"), tokenizer=tokenizer, method="fast", device=str(DEVICE))
     with pytest.raises(SBDError, match="batch_size"):
-        SBDLM(pretrained=_model("llama"), tokenizer=tokenizer, batch_size="auto", device="cpu")
+        SBDLM(pretrained=_model("llama"), tokenizer=tokenizer, batch_size="auto", device=str(DEVICE))
     with pytest.raises(SBDError, match="gamma"):
-        SBDLM(pretrained=_model("llama"), tokenizer=tokenizer, gamma="high", device="cpu")
+        SBDLM(pretrained=_model("llama"), tokenizer=tokenizer, gamma="high", device=str(DEVICE))
 
 
 def test_the_harness_runs_an_sbd_task_and_scores_like_sbd():
@@ -185,7 +187,7 @@ def test_chat_tasks_ask_the_bare_question_and_score_like_sbd_eval_chat(tokenizer
     tok = copy.deepcopy(tokenizer)
     tok.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
                          "{% if add_generation_prompt %}<assistant>{% endif %}")
-    lm = SBDLM(pretrained=_model("llama"), tokenizer=tok, method="sbd-verify", block_size=4, device="cpu",
+    lm = SBDLM(pretrained=_model("llama"), tokenizer=tok, method="sbd-verify", block_size=4, device=str(DEVICE),
                max_gen_toks=12)
     out = simple_evaluate(model=lm, tasks=["sbd_chain_sum_chat"], limit=3, apply_chat_template=True,
                           gen_kwargs="max_gen_toks=12", task_manager=TaskManager(include_path=str(TASKS_DIR)),
@@ -214,22 +216,23 @@ def test_chat_scoring_reads_the_last_number():
 
 def test_anchored_plain_sbd_is_a_model_argument(tokenizer):
     lm = SBDLM(pretrained=_model("llama"), tokenizer=tokenizer, method="sbd", anchor="true", gamma=0, block_size=4,
-               device="cpu", max_gen_toks=8)
+               device=str(DEVICE), max_gen_toks=8)
     [text] = lm.generate_until([_request("generate_until", ("the cat", {"until": [], "max_gen_toks": 8}))],
                                disable_tqdm=True)
     assert text == generate(_model("llama"), tokenizer, ["the cat"], method="ntp", max_new_tokens=8).texts[0]
     assert lm.stats()["anchor"] is True
     with pytest.raises(SBDError, match="anchor"):
-        SBDLM(pretrained=_model("llama"), tokenizer=tokenizer, method="sbd-verify", anchor="true", device="cpu")
+        SBDLM(pretrained=_model("llama"), tokenizer=tokenizer, method="sbd-verify", anchor="true",
+              device=str(DEVICE))
 
 
 def test_the_default_method_is_sbd_generates(tokenizer):
     import inspect
 
-    lm = SBDLM(pretrained=_model("llama"), tokenizer=tokenizer, device="cpu")
+    lm = SBDLM(pretrained=_model("llama"), tokenizer=tokenizer, device=str(DEVICE))
     assert lm.method == inspect.signature(generate).parameters["method"].default == "sbd-verify"
 
 
 def test_an_adapter_argument_goes_with_a_folder_only(tokenizer):
     with pytest.raises(SBDError, match="adapter"):
-        SBDLM(pretrained=_model("llama"), tokenizer=tokenizer, adapter="x", device="cpu")
+        SBDLM(pretrained=_model("llama"), tokenizer=tokenizer, adapter="x", device=str(DEVICE))

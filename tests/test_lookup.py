@@ -104,7 +104,7 @@ def test_command_line_lookup(tmp_path, capsys):
     assert main(["init", "--out", str(tmp_path / "m"), "--arch", "llama"]) == 0
     assert main(["generate", "--model", str(tmp_path / "m"), "--method", "sbd-verify", "--lookup",
                  "--max-new-tokens", "8", "one two one two one"]) == 0
-    out = capsys.readouterr().out
-    assert "SBD-VERIFY" in out and "of them from lookup" in out
+    err = capsys.readouterr().err  # the statistics table: on stderr
+    assert "SBD-VERIFY" in err and "of them from lookup" in err
     assert main(["generate", "--model", str(tmp_path / "m"), "--method", "sbd", "--lookup", "x"]) == 2
-    assert "lookup=True applies" in capsys.readouterr().err
+    assert "--lookup applies to --method sbd-verify" in capsys.readouterr().err

@@ -287,7 +287,7 @@ def test_command_line_lookup_max(tmp_path, capsys, monkeypatch):
     real = g.generate
     monkeypatch.setattr(g, "generate", lambda *a, **kw: seen.append(kw.get("lookup_max")) or real(*a, **kw))
     assert main(args + ["--lookup-max", "24", "one two one two one"]) == 0
-    assert "of them from lookup" in capsys.readouterr().out and set(seen) == {24}
+    assert "of them from lookup" in capsys.readouterr().err and set(seen) == {24}  # statistics: stderr
     with pytest.raises(SystemExit):
         main(args + ["--lookup-max", "0", "x"])
     assert "--lookup-max" in capsys.readouterr().err

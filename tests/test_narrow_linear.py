@@ -78,7 +78,7 @@ def test_switching_keeps_parameters_state_and_hooks(llama):
         assert n == sum(1 for m in llama.modules() if type(m) is NarrowLinear) > 0
         assert uses_narrow_linear(llama)
         with torch.no_grad():
-            llama(input_ids=torch.tensor([[5, 6, 7]]))
+            llama(input_ids=torch.tensor([[5, 6, 7]], device=llama.device))
         assert seen and seen[-1][-2] == 3
         assert llama.state_dict().keys() == state.keys()
         assert all(torch.equal(v, state[k]) for k, v in llama.state_dict().items())
@@ -169,7 +169,8 @@ def test_adapter_decoding_update_equals_the_training_formula(llama):
     """The decoding hook adds the gated update in place in one fused product; with gradients on it
     takes the plain formula. Both give the same logits."""
     attach_random_adapter(llama)
-    ids = torch.tensor([[5, 9, 11, 3, llama.config.sbd_mask_token_id, llama.config.sbd_mask_token_id]])
+    mask = llama.config.sbd_mask_token_id
+    ids = torch.tensor([[5, 9, 11, 3, mask, mask]], device=llama.device)
     try:
         for s in (0, 2, 4):
             with adapters.gated(llama, s):

@@ -79,7 +79,8 @@ def test_latent_sum_is_zero_where_the_states_agree_and_ignores_invalid_rows():
 
 def _data(tokenizer, n=8, length=14):
     g = torch.Generator().manual_seed(1)
-    return [{"input_ids": torch.randint(3, 300, (length,), generator=g).tolist() + [tokenizer.eos_token_id],
+    return [{"input_ids": torch.randint(3, 300, (length,), generator=g, device="cpu").tolist()
+             + [tokenizer.eos_token_id],
              "prompt_length": 3, "index": i} for i in range(n)]
 
 

@@ -38,7 +38,7 @@ def by_hand(logits, out, bias=None, presence=0.0, frequency=0.0):
 
 def next_logits(model, ids):
     with torch.no_grad():
-        return model(torch.tensor([ids]), use_cache=False).logits[0, -1].float()
+        return model(torch.tensor([ids], device=model.device), use_cache=False).logits[0, -1].float()
 
 
 def oracle(model, prompt, n, eos=(), **proc):
@@ -149,7 +149,7 @@ class OpenAIPenalties(LogitsProcessor):
 
 def _hf(model, prompt, proc):
     with torch.no_grad():
-        ids = torch.tensor([prompt])
+        ids = torch.tensor([prompt], device=model.device)
         extra = dict(sequence_bias={(t,): b for t, b in proc["bias"].items()}) if proc.get("bias") else {}
         out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=N,
                              logits_processor=LogitsProcessorList(
@@ -173,7 +173,7 @@ def test_hugging_face_generate_with_the_same_rule_agrees(model):
 def _check_logprobs(model, prompt, tokens, logprobs, k):
     assert len(logprobs) == len(tokens)
     with torch.no_grad():
-        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1].float()
+        logits = model(torch.tensor([prompt + tokens], device=model.device)).logits[0, len(prompt) - 1 : -1].float()
     lp = torch.log_softmax(logits, -1)
     for i, (t, value, alts) in enumerate(logprobs):
         assert t == tokens[i] and abs(value - float(lp[i, t])) <= 1e-4

@@ -32,12 +32,16 @@ def attach_random_head(model, seed=0, scale=1.0, width=16, top_k=8):
     """A head with random non-zero weights (a fresh one is the identity), as sensitive to the previous
     token as to the hidden state (the random embeddings are ~50x smaller than the hidden states)."""
     head = heads.attach(model, heads.SamplerHeadConfig(width=width, top_k=top_k))
-    g = torch.Generator().manual_seed(seed)
-    emb = model.get_input_embeddings().weight
-    with torch.no_grad():
-        for p in head.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * scale / p.shape[-1] ** 0.5)
-        head.up.weight[:, emb.shape[1]:] /= emb.std()
+    try:
+        g = torch.Generator().manual_seed(seed)  # drawn on the CPU: the same head on every device
+        emb = model.get_input_embeddings().weight
+        with torch.no_grad():
+            for p in head.parameters():
+                p.copy_(torch.randn(p.shape, generator=g, device="cpu") * scale / p.shape[-1] ** 0.5)
+            head.up.weight[:, emb.shape[1]:] /= emb.std()
+    except BaseException:
+        heads.detach(model)  # not half made and left behind on a shared model
+        raise
     return head
 
 
@@ -61,7 +65,7 @@ def random_positions(model, m, draws=20, seed=2):
     """`draws` random final hidden states for m draft positions, each with the model's logits for them."""
     g = torch.Generator().manual_seed(seed)
     for _ in range(draws):
-        hidden = torch.randn(m, model.config.hidden_size, generator=g)
+        hidden = torch.randn(m, model.config.hidden_size, generator=g, device="cpu").to(model.device)
         yield hidden, model.get_output_embeddings()(hidden)
 
 
@@ -100,12 +104,13 @@ def test_table_walk_equals_left_to_right_rescoring(top_k):
         changed = 0
         for hidden, logits in random_positions(model, 6):
             with torch.no_grad():
-                values = heads.draft_table(head, model, hidden, logits, torch.tensor(7)).tolist()
+                values = heads.draft_table(head, model, hidden, logits, torch.tensor(7, device=model.device)).tolist()
                 want = naive_chain(model, head, hidden, logits, 7, top_k)
             assert heads.walk(values, 6) == want
             changed += want != logits.argmax(-1).tolist()
             with torch.no_grad():  # with the head's probability of every pick (adaptive drafting cuts by it)
-                with_p = heads.draft_table(head, model, hidden, logits, torch.tensor(7), probs=True).tolist()
+                first = torch.tensor(7, device=model.device)
+                with_p = heads.draft_table(head, model, hidden, logits, first, probs=True).tolist()
                 _, want_p = naive_chain(model, head, hidden, logits, 7, top_k, probs=True)
             chain, chances = heads.walk(with_p, 6, probs=True)
             assert chain == want and chances == pytest.approx(want_p, abs=1e-5)
@@ -118,17 +123,18 @@ def test_table_walk_equals_left_to_right_rescoring(top_k):
 
 def test_the_table_reads_a_bfloat16_models_tables_with_a_float32_head():
     """vLLM serves bfloat16 weights by default; the head stays float32: the table takes the model's rows as
-    the head's dtype (it refused with a dtype error before)."""
-    model = _model("qwen2")
+    the head's dtype (it refused with a dtype error before). A private model: a round trip through bfloat16
+    rounds the embeddings, which a shared model must never keep."""
+    model = _model.__wrapped__("qwen2")
     head = attach_random_head(model, seed=1, scale=3.0, top_k=3)
     try:
         g = torch.Generator().manual_seed(2)
-        hidden = torch.randn(4, model.config.hidden_size, generator=g)
+        hidden = torch.randn(4, model.config.hidden_size, generator=g, device="cpu").to(model.device)
         logits = model.get_output_embeddings()(hidden)
         with torch.no_grad():
-            want = heads.draft_table(head, model, hidden, logits, torch.tensor(7))
+            want = heads.draft_table(head, model, hidden, logits, torch.tensor(7, device=model.device))
             model.get_input_embeddings().to(torch.bfloat16)
-            got = heads.draft_table(head, model, hidden.bfloat16(), logits, torch.tensor(7))
+            got = heads.draft_table(head, model, hidden.bfloat16(), logits, torch.tensor(7, device=model.device))
         assert got.shape == want.shape and got[:12].tolist() == want[:12].tolist()  # the same candidates
     finally:
         model.get_input_embeddings().to(torch.float32)
@@ -223,7 +229,7 @@ def _row_forward(model, row, first_token, seed):
     tokens, n_commit = feed.tokens, feed.n_commit
     parents = feed.parents or list(range(-1, n_commit - 1))
     g = torch.Generator().manual_seed(seed)
-    hidden = torch.randn(len(tokens), model.config.hidden_size, generator=g)
+    hidden = torch.randn(len(tokens), model.config.hidden_size, generator=g, device="cpu").to(model.device)
     with torch.no_grad():
         logits = model.get_output_embeddings()(hidden)
     main = [n_commit - 1]  # the main chain: the last node and its ancestors
@@ -372,7 +378,8 @@ def _batch(model, tok, k=4, seed=0):
 
     c = SBDDataCollator(tok, mask_token_id=model.config.sbd_mask_token_id, block_size=k, seed=seed)
     g = torch.Generator().manual_seed(seed)
-    feats = [{"input_ids": torch.randint(3, model.config.vocab_size, (n,), generator=g).tolist() + [tok.eos_token_id]}
+    feats = [{"input_ids": torch.randint(3, model.config.vocab_size, (n,), generator=g, device="cpu").tolist()
+              + [tok.eos_token_id]}
              for n in (13, 7, 10)]
     clean = c.pad(feats)
     m = c.noisy_length(clean, k)
@@ -447,7 +454,7 @@ def _setup(root):
 def _argv(root, model, out, steps, extra=()):
     return ["train", "--model", str(model), "--data", str(root / "toy.jsonl"), "--out", str(out),
             "--adapter", "lora", "--rank", "4", "--steps", str(steps), "--batch-size", "16", "--lr", "1e-2",
-            "--warmup-steps", "2", "--logging-steps", "2", "--save-steps", "100", "--block-size", "4",
+            "--warmup-steps", str(min(2, steps - 1)), "--logging-steps", "2", "--save-steps", "100", "--block-size", "4",
             "--align-to-completion", "--no-progress", *extra]
 
 
@@ -462,7 +469,8 @@ def test_one_head_only_step_moves_the_head_alone(tokenizer, tmp_path):
     adapters.adapter_of(model).requires_grad_(True)  # as a trainable adapter: the trainer must keep it still
     try:
         g = torch.Generator().manual_seed(0)
-        data = [{"input_ids": torch.randint(3, 300, (12,), generator=g).tolist() + [tokenizer.eos_token_id],
+        data = [{"input_ids": torch.randint(3, 300, (12,), generator=g, device="cpu").tolist()
+                 + [tokenizer.eos_token_id],
                  "prompt_length": 0} for _ in range(8)]
         before = {k: v.clone() for k, v in model.state_dict().items()}
         args = sbd_training_args(tmp_path / "o", steps=1, batch_size=4, lr=1e-2, warmup_steps=0, save_steps=100)

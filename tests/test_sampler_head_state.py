@@ -28,17 +28,22 @@ from sbd.cli import main
 def attach_state_head(model, seed=0, scale=3.0, width=16, top_k=8):
     """A random non-zero head whose state weighs as much as its inputs."""
     head = attach_random_head(model, seed=seed, scale=scale, width=width, top_k=top_k)
-    heads.add_state(model)
-    g = torch.Generator().manual_seed(seed + 1000)
-    with torch.no_grad():
-        head.carry.weight.copy_(torch.randn(head.carry.weight.shape, generator=g) * 2.0 / width ** 0.5)
+    try:
+        heads.add_state(model)
+        g = torch.Generator().manual_seed(seed + 1000)  # drawn on the CPU: the same state on every device
+        with torch.no_grad():
+            carry = torch.randn(head.carry.weight.shape, generator=g, device="cpu")
+            head.carry.weight.copy_(carry * 2.0 / width ** 0.5)
+    except BaseException:
+        heads.detach(model)  # not half made and left behind on a shared model
+        raise
     return head
 
 
 def naive_state_chain(model, head, hidden, logits, first, top_k):
     """The state head's greedy drafts from the definition: a_i = silu(W1 [h_i; E(t_{i-1})] + b + U a_{i-1})."""
     emb, out = model.get_input_embeddings().weight, model.get_output_embeddings()
-    picks, prev, a = [], int(first), torch.zeros(head.config.width)
+    picks, prev, a = [], int(first), torch.zeros(head.config.width, device=hidden.device)
     for i in range(hidden.shape[0]):
         a = F.silu(head.up.weight @ torch.cat([hidden[i], emb[prev]]) + head.up.bias + head.carry.weight @ a)
         cand = logits[i].topk(top_k).indices
@@ -54,12 +59,13 @@ def test_state_table_walk_equals_the_chain_by_definition(top_k):
     try:
         apart = 0
         for hidden, logits in random_positions(model, 6):
+            first = torch.tensor(7, device=model.device)
             with torch.no_grad():
-                values = heads.draft_table(head, model, hidden, logits, torch.tensor(7)).tolist()
-                with_p = heads.draft_table(head, model, hidden, logits, torch.tensor(7), probs=True).tolist()
+                values = heads.draft_table(head, model, hidden, logits, first).tolist()
+                with_p = heads.draft_table(head, model, hidden, logits, first, probs=True).tolist()
                 want = naive_state_chain(model, head, hidden, logits, 7, top_k)
                 carry, head.carry = head.carry, None  # the same head without its state
-                stateless = heads.walk(heads.draft_table(head, model, hidden, logits, torch.tensor(7)).tolist(), 6)
+                stateless = heads.walk(heads.draft_table(head, model, hidden, logits, first).tolist(), 6)
                 head.carry = carry
             assert heads.walk(values, 6) == want == heads.walk(with_p, 6, probs=True)[0]
             apart += want != stateless
@@ -73,12 +79,13 @@ def test_a_head_that_gains_a_state_drafts_as_before():
     head = attach_random_head(model, seed=3, scale=3.0)
     try:
         g = torch.Generator().manual_seed(4)
-        hidden = torch.randn(7, model.config.hidden_size, generator=g)
+        hidden = torch.randn(7, model.config.hidden_size, generator=g, device="cpu").to(model.device)
         logits = model.get_output_embeddings()(hidden)
+        first = torch.tensor(5, device=model.device)
         with torch.no_grad():
-            before = heads.draft_table(head, model, hidden, logits, torch.tensor(5), probs=True).tolist()
+            before = heads.draft_table(head, model, hidden, logits, first, probs=True).tolist()
             assert heads.add_state(model) is head and head.config.state and not head.carry.weight.any()
-            after = heads.draft_table(head, model, hidden, logits, torch.tensor(5), probs=True).tolist()
+            after = heads.draft_table(head, model, hidden, logits, first, probs=True).tolist()
         chain, p = heads.walk(before, 7, probs=True)
         assert heads.walk(after, 7, probs=True)[0] == chain
         assert heads.walk(after, 7, probs=True)[1] == pytest.approx(p, abs=1e-6)
@@ -94,8 +101,8 @@ def test_the_state_carries_what_came_before_the_last_token():
     head = attach_state_head(model, seed=5)
     try:
         g = torch.Generator().manual_seed(6)
-        hidden = torch.randn(1, 4, model.config.hidden_size, generator=g)
-        emb = torch.randn(1, 4, model.config.hidden_size, generator=g)
+        hidden = torch.randn(1, 4, model.config.hidden_size, generator=g, device="cpu").to(model.device)
+        emb = torch.randn(1, 4, model.config.hidden_size, generator=g, device="cpu").to(model.device)
         with torch.no_grad():
             d = head.chain_delta(hidden, emb)
             emb2 = emb.clone()
@@ -144,7 +151,7 @@ def test_training_state_logits_equal_the_definition_by_hand(tokenizer):
         for b in range(labelled.shape[0]):  # row-major, as the logits; every place of a block runs the chain
             for j in range(labelled.shape[1]):
                 if j % k == 0:
-                    a = torch.zeros(head.config.width)  # a new block: the state starts at zero
+                    a = torch.zeros(head.config.width, device=hidden.device)  # a new block: the state starts at zero
                     continue
                 # a place without a label (a revealed token, padding) feeds the chain a zero hidden state
                 h = hidden[b, n + j] if labelled[b, j] else torch.zeros_like(hidden[b, n + j])

@@ -89,7 +89,7 @@ class CacheWatch:
         ids = self.context[id(row)][:n]
         assert len(ids) == n
         ref = DynamicCache(config=model.config)
-        model(input_ids=torch.tensor([ids]), **with_cache(model, ref), use_cache=True)
+        model(input_ids=torch.tensor([ids], device=model.device), **with_cache(model, ref), use_cache=True)
         for (k, v), want in zip(self.snap[id(row)], ref.layers):
             assert (k[:, :n] - want.keys[0]).abs().max() <= 1e-4 and (v[:, :n] - want.values[0]).abs().max() <= 1e-4
 

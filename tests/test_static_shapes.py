@@ -10,7 +10,7 @@ import torch
 
 import sbd
 
-from conftest import random_prompts
+from conftest import attach_random_adapter, random_prompts
 
 CASES = [("ntp", {}), ("sbd", {"gamma": 0.0}), ("sbd", {"gamma": 0.35}), ("sbd", {"gamma": math.inf}),
          ("sbd-verify", {}), ("sbd-verify", {"draft": "eb", "gamma": 0.35})]
@@ -70,3 +70,37 @@ def test_compiled_decoding_gives_the_same_tokens():
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == counters
     assert again.token_ids == sbd.generate(model, None, prompts[1:], method="ntp", max_new_tokens=12,
                                            eos_token_ids=[]).token_ids
+
+
+@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")),
+                    reason="torch.compile on CPU needs a C++ compiler")
+def test_compiled_decoding_with_a_drafting_adapter_and_rows_that_finish_apart():
+    """compile=True over a drafting adapter (its gate a per-row tensor in every fixed-shape forward) and a
+    batch whose rows stop at different times (idle slots fill the batch up to a power of two): the same
+    tokens, forwards and accepted drafts as eager (plain SBD's tokens depend on the adapter, so its hooks
+    ran inside the compiled graph), a few graphs only, and none more for new prompts."""
+    from sbd import adapter as adapters
+    from sbd.models import tiny
+
+    cfg = tiny.tiny_config("llama", vocab_size=64, hidden=32, layers=1, heads=2, kv_heads=1, context=256)
+    model = tiny.random_model(cfg, seed=3, logit_scale=150.0)
+    model.config.sbd_mask_token_id = 63
+    attach_random_adapter(model)
+    eos, lengths = [7], set()
+    try:
+        torch._dynamo.reset()
+        start = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        for method, kw in (("sbd", {"gamma": 0.35}), ("sbd-verify", {"draft": "block", "lookup": False})):
+            for prompts in (random_prompts(3, 60, lengths=(5, 9, 2)), random_prompts(3, 60, lengths=(4, 1, 7), seed=1)):
+                eager = sbd.generate(model, None, prompts, method=method, block_size=4, max_new_tokens=30,
+                                     eos_token_ids=eos, **kw)
+                fast = sbd.generate(model, None, prompts, method=method, block_size=4, max_new_tokens=30,
+                                    eos_token_ids=eos, compile=True, **kw)
+                assert fast.token_ids == eager.token_ids and fast.nfe == eager.nfe
+                assert fast.accepted == eager.accepted
+                lengths.add(tuple(len(t) for t in eager.token_ids))
+        assert any(len(set(x)) > 1 for x in lengths)  # some rows did finish apart
+        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"] - start
+        assert graphs <= 2 * 3 * 2  # two methods, at most three widths and two batch buckets each
+    finally:
+        adapters.detach(model)

@@ -24,7 +24,7 @@ def test_first_difference():
 def _runner_up_answer(model, prompt, ref, at):
     """`ref` with its token at `at` swapped for the model's second choice there; and the true gap."""
     with torch.no_grad():
-        logits = model(input_ids=torch.tensor([prompt + ref[:at]])).logits[0, -1]
+        logits = model(input_ids=torch.tensor([prompt + ref[:at]], device=model.device)).logits[0, -1]
     top = torch.topk(logits, 2)
     assert top.indices[0] == ref[at]
     return ref[:at] + [int(top.indices[1])] + ref[at + 1:], float(top.values[0] - top.values[1])

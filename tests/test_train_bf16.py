@@ -18,7 +18,8 @@ from sbd.training.trainer import SBDTrainer, cpu_computes_bf16, sbd_training_arg
 
 def _data(tokenizer, n=8, length=14):
     g = torch.Generator().manual_seed(1)
-    return [{"input_ids": torch.randint(3, 300, (length,), generator=g).tolist() + [tokenizer.eos_token_id],
+    return [{"input_ids": torch.randint(3, 300, (length,), generator=g, device="cpu").tolist()
+             + [tokenizer.eos_token_id],
              "prompt_length": 3, "index": i} for i in range(n)]
 
 

@@ -179,7 +179,7 @@ class FixedFeedRow:
 
 def _last_logits(model, ids):
     with torch.no_grad():
-        return model(input_ids=torch.tensor([ids])).logits[0, -1]
+        return model(input_ids=torch.tensor([ids], device=model.device)).logits[0, -1]
 
 
 def _assert_cache_is_prefill(model, engine, tokens_of):
@@ -192,7 +192,7 @@ def _assert_cache_is_prefill(model, engine, tokens_of):
         assert len(ids) == n
         ref = DynamicCache(config=model.config)
         with torch.no_grad():
-            model(input_ids=torch.tensor([ids]), **with_cache(model, ref), use_cache=True)
+            model(input_ids=torch.tensor([ids], device=model.device), **with_cache(model, ref), use_cache=True)
         for layer, want in zip(engine.cache.layers, ref.layers):
             assert (layer._k[i, :, :n] - want.keys[0]).abs().max() <= 1e-4
             assert (layer._v[i, :, :n] - want.values[0]).abs().max() <= 1e-4
@@ -517,7 +517,7 @@ def test_command_line_tree(tmp_path, capsys):
     assert main(["init", "--out", str(tmp_path / "m"), "--arch", "llama", "--hidden", "32", "--layers", "1"]) == 0
     args = ["generate", "--model", str(tmp_path / "m"), "--method", "sbd-verify", "--max-new-tokens", "6"]
     assert main(args + ["--tree", "3,2", "one two one two"]) == 0
-    assert "SBD-VERIFY" in capsys.readouterr().out
+    assert "SBD-VERIFY" in capsys.readouterr().err  # the statistics table: on stderr
     assert main(args + ["--tree", "3,0", "x"]) == 2
     assert "tree is a list of" in capsys.readouterr().err
     assert main(args + ["--tree", "2", "--temperature", "0.5", "x"]) == 2

@@ -18,25 +18,33 @@ from typing import Iterable
 import torch
 
 from ..adapter import gated
+from ..decoding.attention import flash_causal, fold_for, head_groups, routed, rows_plan, supports, uniform_plan
 from ..decoding.cache import crop, slab_cache
-from ..decoding.generate import context_limit
+from ..decoding.generate import compiled, context_limit
 from ..errors import SBDError
 from ..masks import inference_mask
 from ..models.cache_arg import with_cache
 from ..modes import eval_mode
 
 WIDTHS = (1, 2, 4, 8, 16, 32, 64)
+ATTENTIONS = ("auto", "rows", "dense")  # see `Shape.attention`
 
 
 @dataclass(frozen=True)
 class Shape:
     """One kind of decoding forward: `batch` rows, `width` new tokens of which the first `n_commit` are
-    causal (committed to the cache) and the rest one bidirectional block, over `cached` cached tokens."""
+    causal (committed to the cache) and the rest one bidirectional block, over `cached` cached tokens.
+
+    attention: how the forward attends (`sbd.decoding.attention`): "auto" as the engine runs rows of one
+    length (no mask tensor; the dense mask for a model not on SDPA), "rows" as it runs a ragged batch (one
+    per-row mask, key/value heads shared), "dense" Hugging Face's SDPA with the dense mask (heads copied)."""
 
     batch: int
     width: int
     cached: int
     n_commit: int = -1  # -1: causal when width == 1 (an NTP step), a block of masks otherwise
+    attention: str = "auto"
+    compiled: bool = False  # through `torch.compile` (CUDA: CUDA graphs), as `generate(compile=True)` runs it
 
     @property
     def commit(self) -> int:
@@ -50,10 +58,10 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _prefilled(model, batch: int, cached: int, room: int, device, generator):
-    """A cache holding `cached` random tokens per row, with room for `room` more."""
+def _prefilled(model, batch: int, cached: int, room: int, device, generator, static: bool = False):
+    """A cache holding `cached` random tokens per row, with room for `room` more (static: fixed addresses)."""
     vocab = model.get_input_embeddings().num_embeddings
-    cache = slab_cache(model, cached + room)
+    cache = slab_cache(model, cached + room, static)
     pad = torch.zeros(batch, dtype=torch.long, device=device)
     if cached:
         chunk = 2048  # prefill long contexts in pieces: a 16k-token causal mask at once is 1 GiB of bools
@@ -76,6 +84,10 @@ def time_forwards(model, shapes: Iterable[Shape], repeats: int = 10, warmup: int
     for s in shapes:
         if s.batch < 1 or s.width < 1 or s.cached < 0 or s.commit > s.width:
             raise SBDError(f"impossible forward shape {s}")
+        if s.attention not in ATTENTIONS:
+            raise SBDError(f"unknown attention {s.attention!r}; choose from {', '.join(ATTENTIONS)}")
+        if s.attention == "rows" and not supports(model):
+            raise SBDError("attention 'rows' needs a transformers model on SDPA attention")
         if limit is not None and s.cached + s.width > limit:
             raise SBDError(f"{s.cached} cached + {s.width} new tokens exceed the model's context of {limit}")
     device = model.get_input_embeddings().weight.device
@@ -87,22 +99,24 @@ def time_forwards(model, shapes: Iterable[Shape], repeats: int = 10, warmup: int
     result: dict[Shape, float] = {}
     with eval_mode(model), torch.inference_mode():
         for (batch, cached), group in groups.items():
-            cache, pad = _prefilled(model, batch, cached, max(s.width for s in group), device, gen)
+            cache, pad = _prefilled(model, batch, cached, max(s.width for s in group), device, gen,
+                                    any(s.compiled for s in group))
             calls = []
             for s in group:
                 ids = torch.randint(3, vocab, (batch, s.width), generator=gen).to(device)
                 pos = (cached + torch.arange(s.width, device=device))[None].expand(batch, -1)
-                mask = inference_mask(pad, cached, s.commit, s.width - s.commit)
                 keep = max(1, s.width - s.commit)
-                calls.append((s, dict(input_ids=ids, position_ids=pos, attention_mask=mask,
-                                      **with_cache(model, cache), use_cache=True, logits_to_keep=keep)))
+                kw = dict(input_ids=ids, position_ids=pos, **with_cache(model, cache), use_cache=True,
+                          logits_to_keep=keep)
+                calls.append((s, _attending(model, s, kw, pad, cached)))
             times: dict[Shape, list[float]] = {s: [] for s in group}
             for round_ in range(warmup + repeats):
                 for s, kw in calls:
                     _sync(device)
                     start = time.perf_counter()
-                    with gated(model, s.commit if s.commit < s.width else None):  # a drafting adapter's cost
-                        model(**kw)
+                    with gated(model, s.commit if s.commit < s.width else None), \
+                            routed(model, "sbd_layout" in kw):  # a drafting adapter's cost; sbd's attention
+                        (compiled(model) if s.compiled else model)(**kw)
                     _sync(device)
                     if round_ >= warmup:
                         times[s].append(time.perf_counter() - start)
@@ -110,6 +124,19 @@ def time_forwards(model, shapes: Iterable[Shape], repeats: int = 10, warmup: int
             result.update({s: statistics.median(t) for s, t in times.items()})
             del cache
     return result
+
+
+def _attending(model, s: Shape, kw: dict, pad, cached: int) -> dict:
+    """The call's keywords with its attention as `s.attention` says (the mask, or sbd's layout)."""
+    if s.attention == "dense" or not supports(model):
+        return {**kw, "attention_mask": inference_mask(pad, cached, s.commit, s.width - s.commit)}
+    if s.attention == "auto":
+        layout = uniform_plan(cached, s.commit, s.width, False, flash_causal(model), pad.device)
+    else:
+        mask = inference_mask(pad, cached, s.commit, s.width - s.commit)
+        fold = fold_for(pad.device, head_groups(model))
+        layout = rows_plan(mask, fold, model.get_input_embeddings().weight.dtype)
+    return {**kw, "attention_mask": None, "sbd_layout": layout}
 
 
 @dataclass
@@ -121,6 +148,8 @@ class CostRow:
     width: int
     ms: float
     ratio: float
+    attention: str = "auto"
+    compiled: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -128,12 +157,17 @@ class CostRow:
 
 def forward_cost_table(model, widths: Iterable[int] = WIDTHS, batches: Iterable[int] = (1,),
                        cached: Iterable[int] = (256,), repeats: int = 10, warmup: int = 2,
-                       progress: bool = True) -> list[CostRow]:
+                       progress: bool = True, attentions: Iterable[str] = ("auto",),
+                       compile: Iterable[bool] = (False,)) -> list[CostRow]:
     """time(w)/time(1) for every width, batch size and cached length (cells beyond the model's context
-    are left out). w > 1 is a block of w masks, w = 1 an NTP step."""
+    are left out). w > 1 is a block of w masks, w = 1 an NTP step. Each attention path (`Shape.attention`)
+    is timed in the same rounds as the others; its ratios are to its own 1-token step. compile (False,
+    True): each shape also through `torch.compile`, in the same rounds (the first call of a shape compiles,
+    untimed: warm-up)."""
     from tqdm.auto import tqdm
 
     widths = sorted(set(widths) | {1})
+    attentions, compile = list(dict.fromkeys(attentions)), list(dict.fromkeys(compile))
     limit = context_limit(model)
     cells = [(b, c) for b in batches for c in cached if limit is None or c + 1 <= limit]
     if not cells:
@@ -141,7 +175,11 @@ def forward_cost_table(model, widths: Iterable[int] = WIDTHS, batches: Iterable[
     rows = []
     for b, c in tqdm(cells, desc="forward cost", unit="cell", disable=not progress):
         ws = [w for w in widths if limit is None or c + w <= limit]
-        t = time_forwards(model, [Shape(b, w, c) for w in ws], repeats=repeats, warmup=warmup)
-        one = t[Shape(b, 1, c)]
-        rows += [CostRow(b, c, w, 1e3 * t[Shape(b, w, c)], t[Shape(b, w, c)] / one) for w in ws]
+        paths = [(a, k) for k in compile for a in attentions]
+        t = time_forwards(model, [Shape(b, w, c, attention=a, compiled=k) for a, k in paths for w in ws],
+                          repeats=repeats, warmup=max(warmup, 1 if any(compile) else 0))
+        for a, k in paths:
+            one = t[Shape(b, 1, c, attention=a, compiled=k)]
+            rows += [CostRow(b, c, w, 1e3 * t[Shape(b, w, c, attention=a, compiled=k)],
+                             t[Shape(b, w, c, attention=a, compiled=k)] / one, a, k) for w in ws]
     return rows

@@ -15,6 +15,9 @@ SHAPES = {
     "smollm2-135m": dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
                          intermediate_size=1536, vocab_size=49152, max_position_embeddings=8192,
                          rope_theta=100000.0, tie_word_embeddings=True),
+    # two layers with grouped-query attention: dry runs of the GPU script (every code path, seconds)
+    "tiny-gqa": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                     intermediate_size=256, vocab_size=512, max_position_embeddings=1024),
     "bench-21m": dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=8,
                       intermediate_size=1376, vocab_size=8192, max_position_embeddings=2048),
 }

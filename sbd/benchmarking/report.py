@@ -104,6 +104,15 @@ def write_bench(result, out_dir, command: str | None = None) -> dict[str, Path]:
     return paths
 
 
+def _paths(rows) -> list[tuple[str, bool]]:
+    """The (attention, compiled) paths of forward-cost rows, in order of appearance."""
+    return list(dict.fromkeys((r.attention, r.compiled) for r in rows))
+
+
+def _tag(path: tuple[str, bool], paths: list) -> str:
+    return "" if paths == [("auto", False)] else f" ({path[0]}{', compiled' if path[1] else ''})"
+
+
 def forward_cost_markdown(rows, meta: dict, predicted=None) -> str:
     """One line per (batch, cached): time(w)/time(1) measured (and predicted by the roofline)."""
     from .roofline import slowdown
@@ -119,15 +128,23 @@ def forward_cost_markdown(rows, meta: dict, predicted=None) -> str:
         hw, shape = predicted
         lines += [f"Predicted: roofline of {shape.name} on {hw.name} ({hw.flops / 1e9:,.0f} GFLOP/s, "
                   f"{hw.bandwidth / 1e9:,.1f} GB/s).", ""]
+    attentions = _paths(rows)
+    if attentions != [("auto", False)]:
+        lines += ["Paths timed in the same rounds, by attention (`sbd.decoding.attention`): auto = what the engine "
+                  "runs for rows of one length (no mask tensor), rows = what it runs for a ragged batch (one per-row "
+                  "mask, key/value heads shared), dense = Hugging Face's SDPA with the dense mask (heads copied); "
+                  "compiled = through `torch.compile` (CUDA graphs on CUDA), as `generate(compile=True)` runs it. "
+                  "Ratios are to the same path's 1-token step.", ""]
     head = ["batch", "cached", "", *[f"w={w}" for w in widths]]
     lines += ["| " + " | ".join(head) + " |", "|---:|---:|---|" + "---:|" * len(widths)]
-    for b, c in dict.fromkeys((r.batch, r.cached) for r in rows):
-        mine = {r.width: r for r in rows if r.batch == b and r.cached == c}
+    for (b, c), a in ((cell, a) for cell in dict.fromkeys((r.batch, r.cached) for r in rows) for a in attentions):
+        tag = _tag(a, attentions)
+        mine = {r.width: r for r in rows if r.batch == b and r.cached == c and (r.attention, r.compiled) == a}
         ms = [f"{mine[w].ms:.2f}" if w in mine else "–" for w in widths]
         ratio = [f"{mine[w].ratio:.3f}" if w in mine else "–" for w in widths]
-        lines.append(f"| {b} | {c} | ms | " + " | ".join(ms) + " |")
-        lines.append("| | | measured ×1-token | " + " | ".join(ratio) + " |")
-        if predicted is not None:
+        lines.append(f"| {b} | {c} | ms{tag} | " + " | ".join(ms) + " |")
+        lines.append(f"| | | measured ×1-token{tag} | " + " | ".join(ratio) + " |")
+        if predicted is not None and a == attentions[-1]:
             hw, shape = predicted
             lines.append("| | | roofline ×1-token | "
                          + " | ".join(f"{slowdown(shape, hw, b, w, c):.3f}" for w in widths) + " |")
@@ -145,11 +162,17 @@ def plot_forward_cost(rows, path, title: str, predicted=None) -> Path:
 
     fig, ax = plt.subplots(figsize=(7, 4.8), dpi=120)
     colors = plt.get_cmap("tab10")
-    for i, (b, c) in enumerate(dict.fromkeys((r.batch, r.cached) for r in rows)):
-        mine = sorted((r for r in rows if r.batch == b and r.cached == c), key=lambda r: r.width)
+    attentions = _paths(rows)
+    styles = dict(zip(attentions, ("o", "s", "^", "v", "D", "x")))
+    cells = dict.fromkeys((r.batch, r.cached) for r in rows)
+    for (i, (b, c)), a in ((cell, a) for cell in enumerate(cells) for a in attentions):
+        mine = sorted((r for r in rows if r.batch == b and r.cached == c and (r.attention, r.compiled) == a),
+                      key=lambda r: r.width)
         ws = [r.width for r in mine]
-        ax.plot(ws, [r.ratio for r in mine], marker="o", color=colors(i % 10), label=f"measured, batch {b}, cached {c}")
-        if predicted is not None:
+        tag = _tag(a, attentions)
+        ax.plot(ws, [r.ratio for r in mine], marker=styles[a], color=colors(i % 10),
+                label=f"measured{tag}, batch {b}, cached {c}")
+        if predicted is not None and a == attentions[-1]:
             hw, shape = predicted
             ax.plot(ws, [slowdown(shape, hw, b, w, c) for w in ws], linestyle="--", color=colors(i % 10),
                     label=f"roofline, batch {b}, cached {c}")

@@ -6,11 +6,22 @@ from __future__ import annotations
 import shlex
 import sys
 
+from ..errors import SBDError
 from .args import count_list as parse_counts
 from .args import positive_int as _positive
 from .args import positive_list as parse_sizes
 from .eval import _argtype
 from .model_options import add_model_options, model_from_args
+
+def parse_attentions(text: str) -> list[str]:
+    from ..benchmarking.forward_cost import ATTENTIONS
+
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    bad = [n for n in names if n not in ATTENTIONS]
+    if not names or bad:
+        raise SBDError(f"attention paths are {', '.join(ATTENTIONS)}, got {text!r}")
+    return names
+
 
 def add_forward_cost_parser(sub):
     from ..benchmarking.roofline_presets import HARDWARE
@@ -32,6 +43,14 @@ def add_forward_cost_parser(sub):
     p.add_argument("--hardware", choices=[*sorted(HARDWARE), "measured"], default=None,
                    help="also predict with the roofline of this hardware preset, or of this machine's measured matmul "
                         "FLOP/s and copy bandwidth (measured)")
+    p.add_argument("--attention", type=_argtype(parse_attentions), default=["auto"], metavar="LIST",
+                   help="attention paths to time side by side, comma-separated: auto (what decoding runs for rows of "
+                        "one length: no mask tensor), rows (what it runs for a ragged batch: one per-row mask), dense "
+                        "(Hugging Face's SDPA with a dense mask, key/value heads copied: the path before sbd's own); "
+                        "default: auto")
+    p.add_argument("--compile", action="store_true",
+                   help="time every shape eagerly and through torch.compile (CUDA: CUDA graphs), in the same rounds; "
+                        "each compiled shape compiles once, untimed (seconds to minutes per shape)")
     p.add_argument("--threads", type=_positive, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--out", required=True, metavar="DIR", help="folder for the three files (created)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -52,7 +71,8 @@ def cmd_forward_cost(args) -> dict:
     model = model_from_args(args)[0]
     name = args.shape or str(args.model)
     rows = forward_cost_table(model, widths=args.widths, batches=args.batch_size, cached=args.cached,
-                              repeats=args.repeats, progress=not args.no_progress)
+                              repeats=args.repeats, progress=not args.no_progress, attentions=args.attention,
+                              compile=(False, True) if args.compile else (False,))
     predicted = None
     if args.hardware:
         if args.hardware == "measured":

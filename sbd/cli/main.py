@@ -45,9 +45,10 @@ def _add_init(sub) -> None:
 
 
 def _add_generate(sub) -> None:
-    p = sub.add_parser("generate", help="decode prompts with SBD or NTP and print text and statistics",
-                       description="Decode each prompt with Set Block Decoding (or plain next-token decoding) "
-                                   "and print the text, the forward passes (NFE), tokens per forward and tokens/s.")
+    p = sub.add_parser("generate", help="decode prompts with SBD or NTP: answers on stdout, statistics on stderr",
+                       description="Decode each prompt with Set Block Decoding (or plain next-token decoding); print "
+                                   "the answers on stdout (one answer alone, several under a label each) and the "
+                                   "statistics on stderr: forward passes (NFE), tokens per forward and tokens/s.")
     p.add_argument("prompts", nargs="+", help="one or more prompts (each a string)")
     p.add_argument("--model", required=True, help="local Hugging Face model folder (safetensors)")
     p.add_argument("--method", default="sbd-verify", choices=["sbd-verify", "sbd", "ntp"],
@@ -58,10 +59,12 @@ def _add_generate(sub) -> None:
                    help="tokens per block (default: the block size a drafting adapter was trained for, else the "
                         "model's recorded best, else 16)")
     add_drafting_options(p)
-    p.add_argument("--gamma", type=_gamma, default=0.35,
-                   help="EB-sampler bound: 0 reveals one token per forward, inf a whole block (default: 0.35)")
-    p.add_argument("--proxy", default="entropy", choices=["entropy", "confidence", "margin"],
-                   help="uncertainty proxy the EB sampler sorts by (default: entropy)")
+    p.add_argument("--gamma", type=_gamma, default=None,
+                   help="EB-sampler bound, for --method sbd and sbd-verify's --draft eb: 0 reveals one token per "
+                        "forward, inf a whole block (default: 0.35)")
+    p.add_argument("--proxy", default=None, choices=["entropy", "confidence", "margin"],
+                   help="uncertainty proxy the EB sampler sorts by, for --method sbd and sbd-verify's --draft eb "
+                        "(default: entropy)")
     p.add_argument("--anchor", action="store_true",
                    help="method sbd: anchored on the model's own next token (each forward takes the next-token "
                         "head's token, then the masks' tokens after it left to right under --gamma); runs on "
@@ -70,7 +73,8 @@ def _add_generate(sub) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
     p.add_argument("--seed", type=int, default=None, help="seed for sampling at temperature > 0")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
-    p.add_argument("--compare", action="store_true", help="run NTP, SBD and SBD-verify on the same prompts, side by side")
+    p.add_argument("--compare", action="store_true",
+                   help="run NTP, SBD and SBD-verify on the same prompts, side by side; speedups are against NTP")
     p.add_argument("--chat", action="store_true",
                    help="put each prompt through the tokenizer's chat template as a user message (instruct models)")
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
@@ -148,43 +152,115 @@ def cmd_init(args) -> None:
 
 def cmd_generate(args) -> None:
     from ..decoding import generate
+    from ..decoding.trained_for import check_decoding
     from ..models.loading import load
 
-    if args.anchor and not args.compare and args.method != "sbd":
-        raise SBDError(f"--anchor applies to --method sbd (plain SBD), not {args.method}")
+    _unread_options(args)  # settings nothing would read: refused before the model loads
     model, tokenizer = load(args.model, device=args.device)
-    methods = ["ntp", "sbd", "sbd-verify"] if args.compare else [args.method]
-    kw = dict(block_size=args.block_size, gamma=args.gamma, proxy=args.proxy, max_new_tokens=args.max_new_tokens,
-              temperature=args.temperature, seed=args.seed, stop=args.stop, chat=args.chat)
     from ..decoding.generate import check_context, encode_prompts
 
     # the user's budget is checked before the short warm-up calls, so an error names the user's numbers
     check_context(model, encode_prompts(tokenizer, args.prompts, args.chat), args.max_new_tokens)
+    anchored = args.anchor
+    if args.compare and not anchored:
+        anchored = _compare_sbd_row(model, args)
+    elif args.method == "sbd" or args.compare:  # refused for a drafter not trained for it, naming the options
+        check_decoding(model, "sbd", anchor=anchored, interface="cli")
+    if anchored and args.proxy not in (None, "entropy"):
+        raise SBDError(f"--proxy {args.proxy} does not apply to anchored SBD, which reveals by entropy"
+                       + (" (the sbd row of --compare runs anchored on this drafter)" if not args.anchor else ""))
+    methods = ["ntp", "sbd", "sbd-verify"] if args.compare else [args.method]
+    if anchored is None:  # --compare on masks never trained: no plain SBD row (`_compare_sbd_row` said why)
+        methods.remove("sbd")
+    kw = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, stop=args.stop,
+              chat=args.chat)
+    eb = dict(gamma=args.gamma, proxy=args.proxy)  # the EB rule's settings: method sbd, sbd-verify's draft eb
     results = {}
     for method in methods:
-        # with --compare the drafting options go to sbd-verify alone (generate refuses them elsewhere)
-        mkw = {**kw, **drafting_kwargs(args)} if method == "sbd-verify" or not args.compare else kw
-        if args.anchor and method == "sbd":
-            mkw = {**mkw, "anchor": True}
+        mkw = dict(kw)
+        if method != "ntp":
+            mkw["block_size"] = args.block_size
+        if method == "sbd" or (method == "sbd-verify" and args.draft == "eb"):
+            mkw.update(eb)
+        if method == "sbd-verify":  # with --compare the drafting options go to sbd-verify alone
+            mkw.update(drafting_kwargs(args))
+        if anchored and method == "sbd":
+            mkw["anchor"] = True
+        label = "sbd anchored (lossy)" if anchored and method == "sbd" and not args.anchor else method
         generate(model, tokenizer, args.prompts, method=method, **{**mkw, "max_new_tokens": 2})  # warm-up
-        results[method] = generate(model, tokenizer, args.prompts, method=method, **mkw)
+        results[label] = generate(model, tokenizer, args.prompts, method=method, **mkw)
+    # stdout carries the answers only (`sbd generate ... > answer.txt`): one answer alone; several under a
+    # `=== prompt` / `--- method` label each. The statistics go to stderr.
+    labelled = len(args.prompts) > 1 or len(results) > 1
     for i, prompt in enumerate(args.prompts):
-        print(f"=== prompt {i + 1}: {prompt!r}")
+        if len(args.prompts) > 1:
+            print(f"=== prompt {i + 1}: {prompt!r}")
         for method, r in results.items():
-            print(f"--- {method} ({r.nfe[i]} forwards, {len(r.token_ids[i])} tokens)")
-            print(r.texts[i])
-    print()
+            if labelled:
+                print(f"--- {method}")
+            print(r.texts[i], flush=True)
     stats = {m.upper(): _stats(r) for m, r in results.items()}
+    if len(args.prompts) > 1:
+        for s, r in zip(stats.values(), results.values()):
+            s["NFE per prompt"] = ", ".join(map(str, r.nfe))
     keys = list(next(iter(stats.values())))
     keys += [k for s in stats.values() for k in s if k not in keys]
-    print_table(["", *stats], [[k, *(s.get(k, "–") for s in stats.values())] for k in keys])
+    print(file=sys.stderr)
+    print_table(["", *stats], [[k, *(s.get(k, "–") for s in stats.values())] for k in keys], stderr=True)
     if args.compare:
         ntp = results["ntp"]
-        for method in ("sbd", "sbd-verify"):
-            r = results[method]
-            print(f"{method}: NFE speedup {sum(ntp.nfe) / max(1, sum(r.nfe)):.2f}x, wall-clock speedup "
-                  f"{ntp.seconds / r.seconds:.2f}x (one run each, after warm-up)"
-                  + (f"; same tokens as NTP: {r.token_ids == ntp.token_ids}" if method == "sbd-verify" else ""))
+        for method, r in results.items():
+            if method == "ntp":
+                continue
+            print(f"{method} vs NTP (the same model, one run each after warm-up): NFE speedup "
+                  f"{sum(ntp.nfe) / max(1, sum(r.nfe)):.2f}x, wall-clock speedup {ntp.seconds / r.seconds:.2f}x"
+                  + (f"; same tokens as NTP: {r.token_ids == ntp.token_ids}" if method == "sbd-verify" else ""),
+                  file=sys.stderr)
+
+
+def _unread_options(args) -> None:
+    """`sbd generate`'s options that the chosen decoding would not read: one line naming them."""
+    if args.anchor and not args.compare and args.method != "sbd":
+        raise SBDError(f"--anchor applies to --method sbd (plain SBD), not {args.method}")
+    if args.compare:
+        return  # --gamma and --proxy go to the sbd row, --block-size to sbd and sbd-verify, drafting to sbd-verify
+    if args.method == "ntp" and args.block_size is not None:
+        raise SBDError("--block-size sets the blocks of --method sbd and sbd-verify; --method ntp decodes one token "
+                       "per forward")
+    if args.method != "sbd-verify":
+        given = [f"--{k.replace('_', '-')}" for k in drafting_kwargs(args)]
+        if given:
+            verb = "applies" if len(given) == 1 else "apply"
+            raise SBDError(f"{', '.join(given)} {verb} to --method sbd-verify (its drafts), not {args.method}")
+    for option, value in (("--gamma", args.gamma), ("--proxy", args.proxy)):
+        if value is not None and not (args.method == "sbd" or args.draft == "eb"):
+            how = ("--method sbd-verify drafts by it only with --draft eb" if args.method == "sbd-verify" else
+                   f"--method {args.method} does not read it")
+            raise SBDError(f"{option} sets the EB rule, read by --method sbd and by sbd-verify with --draft eb; {how}")
+
+
+def _compare_sbd_row(model, args):
+    """How `--compare` runs its plain-SBD row on this model: False the paper's rule, True anchored on the
+    model's next token (a drafter trained for sbd-verify's drafts only, which plain SBD would derail), None
+    left out (masks never trained); a line on stderr says which and why."""
+    from ..decoding.trained_for import check_decoding
+
+    try:
+        check_decoding(model, "sbd")
+        return False
+    except SBDError:
+        pass
+    try:
+        check_decoding(model, "sbd", anchor=True)
+    except SBDError:
+        print("sbd: --compare: this model's masks were never trained (it records next-token decoding only), so the "
+              "sbd row is left out: plain SBD would reveal their untrained guesses, with --anchor or without",
+              file=sys.stderr)
+        return None
+    print("sbd: --compare: this drafter was not trained for plain SBD, so the sbd row runs anchored on the model's "
+          "next token instead (as --method sbd --anchor does; lossy: not always the model's own answers)",
+          file=sys.stderr)
+    return True
 
 
 def main(argv=None) -> int:

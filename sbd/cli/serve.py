@@ -38,14 +38,17 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--max-queue", type=_positive, default=64,
                    help="requests that may wait for a free row; beyond it: HTTP 429 (default: 64)")
     p.add_argument("--max-model-len", type=_positive, default=None,
-                   help="cache positions per request, prompt + max_tokens + scratch (default: min(2048, context))")
+                   help="cache positions per request, prompt + max_tokens + scratch; at least 16, and more than "
+                        "the chat template's own tokens (default: min(2048, context))")
     p.add_argument("--method", default="sbd-verify", choices=["sbd-verify", "sbd", "ntp"],
                    help="default decoding method (default: sbd-verify, the model's exact answers)")
     p.add_argument("--block-size", type=_positive, default=None,
                    help="default block size (default: the adapter's trained size, else the model's recorded best, "
                         "else 16)")
     p.add_argument("--gamma", type=_gamma, default=0.35, help="default EB bound for method sbd (default: 0.35)")
-    p.add_argument("--max-tokens", type=_positive, default=256, help="default max_tokens (default: 256)")
+    p.add_argument("--max-tokens", type=_positive, default=None,
+                   help="max_tokens of a request that sends none (default: 256, or half of --max-model-len when "
+                        "that is less, so that a prompt still fits)")
     p.add_argument("--max-tokens-limit", type=_positive, default=1024,
                    help="largest max_tokens a request may ask (default: 1024)")
     p.add_argument("--prefill", default="separate", choices=["separate", "mixed"],
@@ -64,11 +67,13 @@ def add_serve_parser(sub) -> None:
                    help="run on Ray Serve with this many replicas, each with its own engine (needs ray[serve])")
 
 
-def config_from_args(args, model):
-    """The server's configuration from `sbd serve`'s options."""
+def config_from_args(args, model, tokenizer=None):
+    """The server's configuration from `sbd serve`'s options (`tokenizer`: its chat template must fit
+    --max-model-len)."""
     from ..serving.config import server_config
 
-    return server_config(model, model_path=args.model, served_name=args.served_name, max_batch=args.max_batch,
+    return server_config(model, tokenizer=tokenizer, model_path=args.model, served_name=args.served_name,
+                         max_batch=args.max_batch,
                          max_queue=args.max_queue, max_model_len=args.max_model_len, prefill=args.prefill,
                          method=args.method, block_size=args.block_size, gamma=args.gamma, **drafting_kwargs(args),
                          max_tokens=args.max_tokens, max_tokens_limit=args.max_tokens_limit,
@@ -138,9 +143,9 @@ def cmd_serve(args) -> None:
         from ..serving.ray_app import run_ray
 
         sock.close()  # Ray's proxy binds it itself
-        model, _ = load(args.model, adapter=args.adapter, device=args.device)  # for its context length
-        config = config_from_args(args, model)
-        del model
+        model, tokenizer = load(args.model, adapter=args.adapter, device=args.device)  # for its context length
+        config = config_from_args(args, model, tokenizer)
+        del model, tokenizer
         warn_if_open(args.host, config.api_key)
         run_ray(args.model, config, adapter=args.adapter, device=args.device, host=args.host, port=args.port,
                 threads=args.threads or 1, replicas=args.replicas)
@@ -148,7 +153,7 @@ def cmd_serve(args) -> None:
     try:
         print(f"sbd: loading {args.model}…", file=sys.stderr, flush=True)  # seconds; a first smollm2 imports its GGUF
         model, tokenizer = load(args.model, adapter=args.adapter, device=args.device)
-        config = config_from_args(args, model)
+        config = config_from_args(args, model, tokenizer)
         from ..serving.app import create_app
 
         app = create_app(model, tokenizer, config)

@@ -10,24 +10,26 @@ from rich.text import Text
 FORWARD_COLOURS = ("red", "dark_orange", "yellow", "green", "cyan", "dodger_blue1", "purple", "magenta")
 
 
-def console(colour: bool | None = None) -> Console:
-    """A console on stdout; colour None: only on a terminal. Piped output is 120 columns wide (rich would
-    assume 80 and wrap the tables)."""
+def console(colour: bool | None = None, stderr: bool = False) -> Console:
+    """A console on stdout (on stderr with stderr=True); colour None: only on a terminal. Piped output is 120
+    columns wide (rich would assume 80 and wrap the tables)."""
     import sys
 
-    width = None if sys.stdout.isatty() else 120
-    return Console(force_terminal=colour, no_color=colour is False, highlight=False, soft_wrap=True, width=width)
+    width = None if (sys.stderr if stderr else sys.stdout).isatty() else 120
+    return Console(force_terminal=colour, no_color=colour is False, highlight=False, soft_wrap=True, width=width,
+                   stderr=stderr)
 
 
-def print_table(header: list[str], rows: list[list], colour: bool | None = None) -> None:
-    """The first column left-aligned (row names), the others right-aligned (figures)."""
+def print_table(header: list[str], rows: list[list], colour: bool | None = None, stderr: bool = False) -> None:
+    """The first column left-aligned (row names), the others right-aligned (figures); on stderr with
+    stderr=True (statistics beside answers that go to stdout)."""
     table = Table(box=box.SIMPLE_HEAD, show_edge=False)
     table.add_column(header[0])
     for name in header[1:]:
         table.add_column(name, justify="right")
     for row in rows:
         table.add_row(*(str(v) for v in row))
-    console(colour).print(table)
+    console(colour, stderr).print(table)
 
 
 def by_forward(pieces: list[tuple[str, int]], colour: bool) -> str:

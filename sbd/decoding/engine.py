@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -30,9 +31,11 @@ from ..errors import SBDError
 from ..masks import tree_mask
 from ..models.cache_arg import cache_name
 from ..sampler_head import Drafting, capture_output_input, head_of
+from .attention import flash_causal, fold_for, head_groups, routed, rows_plan, supports, uniform_plan
 from .cache import slot_cache
 
 PREFILL_MODES = ("separate", "mixed")
+ATTENTION = ("auto", "dense")
 STATIC_CAPACITY_STEP = 256
 
 
@@ -80,6 +83,7 @@ class ForwardRecord:
 
 
 CAUSAL_BLOCKS = False  # the default of `Engine.causal_blocks` (benchmarks/vllm/causal_masks.py sets it)
+ATTENTION_DEFAULT = "auto"  # the default of `Engine(attention=None)`: what `sbd bench --attention` compares
 
 
 def columns(n_real: torch.Tensor, width: int) -> torch.Tensor:
@@ -104,6 +108,12 @@ def step_mask(lengths: torch.Tensor, n_real: torch.Tensor, n_commit: torch.Tenso
     new = (rel >= 0) & (rel < n_real[:, None, None]) & (~causal | (rel <= j[..., None]))
     real = (j >= 0)[..., None]
     return ((real & ((rel < 0) | new)) | (~real & (rel == 0)))[:, None]
+
+
+def bucket(n: int) -> int:
+    """The batch a fixed-shape forward of `n` rows runs at: the next power of two, so that a compiled
+    step has a few batch shapes, not one per count of live rows (the cache holds `bucket(slots)` rows)."""
+    return 1 << max(n - 1, 0).bit_length()
 
 
 def tree_layout(mask: torch.Tensor, pos: torch.Tensor, feeds: list[Feed], lengths: list[int]) -> None:
@@ -145,12 +155,18 @@ class Engine:
     a row's `needs_extra`); padding of a forward writes up to that far past a row's end, so a row wider
     than that is refused. static_widths: pad every decoding forward to one of these widths over
     the whole cache, so shapes repeat (for `call`, e.g. a compiled model); prefills run eagerly.
+    attention: "auto" routes a transformers SDPA model's attention through `sbd.decoding.attention`
+    (no dense mask where the rows allow, key/value heads never copied; `plans` counts which plan each
+    forward took); "dense" gives the model the dense (B, 1, W, S) mask, as before (other models always).
     """
 
     def __init__(self, model, slots: int, capacity: int, *, max_width: int = 72, observer=None,
-                 static_widths=(), call=None, prefill: str = "separate"):
+                 static_widths=(), call=None, prefill: str = "separate", attention: str | None = None):
         if prefill not in PREFILL_MODES:
             raise SBDError(f"unknown prefill mode {prefill!r}; choose one of {', '.join(PREFILL_MODES)}")
+        attention = ATTENTION_DEFAULT if attention is None else attention
+        if attention not in ATTENTION:
+            raise SBDError(f"unknown attention {attention!r}; choose one of {', '.join(ATTENTION)}")
         self.model = model
         self.device = model.get_input_embeddings().weight.device
         self.static_widths = sorted(static_widths)
@@ -178,6 +194,10 @@ class Engine:
         # masks attend causally among themselves too: what an engine whose attention is causal only gives
         # them (vLLM on a CPU); a measurement switch (docs/serving.md), exact either way for sbd-verify
         self.causal_blocks = CAUSAL_BLOCKS
+        self.routed = attention == "auto" and supports(model)
+        self.fold = fold_for(self.device, head_groups(model)) if self.routed else 1
+        self.flash = self.routed and flash_causal(model)
+        self.plans: Counter = Counter()  # forwards per attention plan ("dense" when not routed)
 
     # -- rows ----------------------------------------------------------------------------------------
     # Row i always sits in cache slot i. The row list, the lengths and the cache slots change only
@@ -258,16 +278,20 @@ class Engine:
         rows = self._rows[lo:hi]
         static = bool(self.static_widths) and not any(r.in_prefill for r in rows)
         feeds = [r.feed() for r in rows]
+        if static:  # fixed shapes: idle slots fill the batch up to its bucket, with nothing real to feed
+            feeds += [Feed([], 0, 0)] * (bucket(len(rows)) - len(rows))
         real = [len(f.tokens) for f in feeds]
         width = max(real)
         if static:
             width = next((w for w in self.static_widths if w >= width), width)
         visible = self.capacity if static else max(self._lengths[lo + i] + real[i] for i in range(len(rows)))
         if self.cache is None:
-            self.cache = slot_cache(self.model, self.slots, self.capacity, self.trash, bool(self.static_widths))
+            slots = bucket(self.slots) if self.static_widths else self.slots
+            self.cache = slot_cache(self.model, slots, self.capacity, self.trash, bool(self.static_widths))
         n_logits = max(f.n_logits for f in feeds)
         ids = [[0] * (width - n) + f.tokens for f, n in zip(feeds, real)]
-        lengths = self._lengths[lo:hi]
+        lengths = self._lengths[lo:hi] + [0] * (len(feeds) - len(rows))
+        hi = lo + len(feeds)
         dev = self.device
         tokens = torch.tensor(ids, dtype=torch.long, device=dev)
         L = torch.tensor(lengths, dtype=torch.long, device=dev)
@@ -275,27 +299,43 @@ class Engine:
         c = torch.tensor([f.n_commit for f in feeds], dtype=torch.long, device=dev)
         j = columns(n, width)
         pos = (L[:, None] + j).clamp_min(0)
-        mask = step_mask(L, n, c, width, visible, j, self.causal_blocks)
-        tree_layout(mask, pos, feeds, lengths)
+        uniform = (self.routed and not static and len(set(lengths)) == 1 and min(real) == width
+                   and len({f.n_commit for f in feeds}) == 1 and all(f.parents is None for f in feeds))
+        mask = None
+        if not uniform or self.observer is not None:
+            mask = step_mask(L, n, c, width, visible, j, self.causal_blocks)
+            tree_layout(mask, pos, feeds, lengths)
+        extra = {}
+        if self.routed:
+            layout = (uniform_plan(lengths[0], feeds[0].n_commit, width, self.causal_blocks, self.flash, dev) if uniform
+                      else rows_plan(mask, self.fold, self.model.get_input_embeddings().weight.dtype))
+            extra["sbd_layout"] = layout
+        self.plans[extra["sbd_layout"].plan if self.routed else "dense"] += 1
         write_at = L[:, None] + torch.where(j >= 0, j, j + width)  # padding writes after the row's real tokens
         for layer in self.cache.layers:
             layer.lo, layer.hi, layer.visible, layer.write_at = lo, hi, visible, write_at
         keep = max(n_logits, 1)  # (0 would mean "all" to transformers)
-        kw = {"logits_to_keep": keep} if self.keep_kw else {}
+        kw = {"logits_to_keep": width if static else keep} if self.keep_kw else {}  # static: one graph per width
         if self.adapter is not None:  # gate: the block part of each row (after its committed tokens)
             starts = [width - n_ + f.n_commit for n_, f in zip(real, feeds)]
-            self.adapter.start = starts[0] if len(set(starts)) == 1 else torch.tensor(starts, device=dev)
+            one = len(set(starts)) == 1 and not static  # static: always per row, so the graph never changes
+            self.adapter.start = starts[0] if one else torch.tensor(starts, device=dev)
         call = self.call if static else self.model
         head = self._drafting_head(rows, call)
         try:
-            with capture_output_input(self.model) if head is not None else contextlib.nullcontext() as box:
-                out = call(input_ids=tokens, position_ids=pos, attention_mask=mask, **{self.cache_kw: self.cache},
-                           use_cache=True, **kw)
+            with (capture_output_input(self.model) if head is not None else contextlib.nullcontext() as box,
+                  routed(self.model, self.routed)):
+                out = call(input_ids=tokens, position_ids=pos, attention_mask=None if self.routed else mask,
+                           **{self.cache_kw: self.cache}, use_cache=True, **kw, **extra)
         finally:
             if self.adapter is not None:
                 self.adapter.start = None
-        logits = out.logits[:, -keep:]
-        hidden = box[0][:, -keep:] if head is not None else None  # the output layer's input at the kept positions
+        n_rows = len(rows)  # the real rows (a static batch's idle slots after them are dropped here)
+        logits = out.logits[:n_rows, -keep:]
+        hidden = box[0][:n_rows, -keep:] if head is not None else None  # the output layer's input at the kept positions
+        if n_rows < len(feeds):
+            tokens, pos, mask = tokens[:n_rows], pos[:n_rows], mask[:n_rows] if mask is not None else None
+            feeds, real, lengths = feeds[:n_rows], real[:n_rows], lengths[:n_rows]
         for i, f in enumerate(feeds):
             self._lengths[lo + i] += f.n_commit
         if self.observer is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+import warnings
 import weakref
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -16,6 +17,7 @@ import torch
 
 from ..adapter import adapter_of
 from ..errors import SBDError
+from ..sampler_head import head_of
 from ..modes import eval_mode
 from ..sampler import PROXIES
 from .defaults import VerifySettings, recorded_block_size, resolve
@@ -179,9 +181,38 @@ def check_context(model, prompt_ids: list[list[int]], max_new_tokens: int) -> No
         )
 
 
-def check_prompt_ids(model, tokenizer, prompt_ids: list[list[int]]) -> None:
+def mask_message(tokenizer, mask_id: int, messages) -> int | None:
+    """The index of the first chat message whose content holds the SBD mask token, or None."""
+    for j, m in enumerate(messages):
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, str) and tokenizer is not None and int(mask_id) in tokenizer(
+                content, add_special_tokens=False).input_ids:
+            return j
+    return None
+
+
+def _prompt_name(tokenizer, mask_id: int, prompts, chat: bool, i: int) -> str:
+    """How an error names prompt i of `prompts` (as the caller passed them): "the prompt" when one was
+    passed alone, the message holding the mask token for a conversation ("messages[2].content")."""
+    if prompts is None:
+        return f"prompt {i}"
+    single = isinstance(prompts, (str, torch.Tensor)) or (isinstance(prompts, (list, tuple)) and len(prompts) > 0 and (
+        isinstance(prompts[0], int) or (chat and isinstance(prompts[0], dict))))
+    if not single and not (isinstance(prompts, (list, tuple)) and i < len(prompts)):
+        return f"prompt {i}"
+    source, name = (prompts, "the prompt") if single else (prompts[i], f"prompt {i}")
+    if chat and isinstance(source, (list, tuple)) and source and isinstance(source[0], dict):
+        j = mask_message(tokenizer, mask_id, source)
+        if j is not None:
+            return f"messages[{j}].content" if single else f"{name}, messages[{j}].content"
+    return name
+
+
+def check_prompt_ids(model, tokenizer, prompt_ids: list[list[int]], prompts=None, chat: bool = False) -> None:
     """Every prompt token lies in the vocabulary and none is the SBD mask token (whose text in a prompt
-    would otherwise be read as a mask and derail decoding): the one rule, for every entry point."""
+    would otherwise be read as a mask and derail decoding): the one rule, for every entry point.
+    prompts (and chat): what the caller passed, so that an error names the prompt as the caller knows it
+    (a conversation's message: "messages[2].content")."""
     vocab = model.get_input_embeddings().num_embeddings
     if any(t < 0 or t >= vocab for p in prompt_ids for t in p):
         raise SBDError(f"a prompt token id lies outside the model's vocabulary of {vocab}")
@@ -190,8 +221,26 @@ def check_prompt_ids(model, tokenizer, prompt_ids: list[list[int]]) -> None:
         for i, p in enumerate(prompt_ids):
             if mask_id in p:
                 text = tokenizer.convert_ids_to_tokens(int(mask_id)) if tokenizer is not None else f"id {mask_id}"
-                raise SBDError(f"prompt {i} contains the SBD mask token {text!r}; it is reserved for decoding and "
-                               "cannot appear in a prompt")
+                raise SBDError(f"{_prompt_name(tokenizer, mask_id, prompts, chat, i)} contains the SBD mask token "
+                               f"{text!r}; it is reserved for decoding and cannot appear in a prompt")
+
+
+GAMMA = 0.35  # the EB rule's bound when a call leaves gamma out
+PROXY = "entropy"
+
+
+def check_eb_settings(method: str, draft: str | None, gamma, proxy, reveal_per_forward=None) -> None:
+    """gamma and proxy set the EB rule, which method "sbd" reveals by (unless reveal_per_forward replaces
+    it) and sbd-verify with draft "eb" drafts by; given anywhere else (not None) nothing would read them:
+    SBDError, not a silent no-op."""
+    reads = (method == "sbd" and reveal_per_forward is None) or (method == "sbd-verify" and draft == "eb")
+    for name, value in (("gamma", gamma), ("proxy", proxy)):
+        if value is not None and not reads:
+            how = (f"method={method!r} reveals a fixed reveal_per_forward instead" if method == "sbd" else
+                   f"method='sbd-verify' drafts with draft={draft!r} here (draft='eb' drafts by the EB rule)"
+                   if method == "sbd-verify" else f"method={method!r} does not use it")
+            raise SBDError(f"{name}={value!r} sets the EB rule, read by method='sbd' and by method='sbd-verify' "
+                           f"with draft='eb'; {how}")
 
 
 def _validate(model, method, block_size, gamma, proxy, max_new_tokens, temperature, stop, draft="block",
@@ -255,8 +304,8 @@ def generate(
     *,
     method: str = "sbd-verify",
     block_size: int | None = None,
-    gamma: float = 0.35,
-    proxy: str = "entropy",
+    gamma: float | None = None,
+    proxy: str | None = None,
     max_new_tokens: int = 256,
     temperature: float = 0.0,
     seed: int | Sequence[int] | None = None,
@@ -287,6 +336,9 @@ def generate(
     the model's own answers, and refused for a model whose drafter was not trained for it
     (`sbd.decoding.trained_for`).
 
+    gamma (default 0.35) and proxy (default "entropy"): the EB rule's bound and uncertainty proxy, read by
+    method "sbd" and by sbd-verify with draft "eb" only; given to any other decoding they are refused.
+
     anchor (method "sbd"): plain SBD anchored on the model's own next token (`sbd.decoding.anchored`):
     each forward reveals the next-token head's token, then the masks' tokens after it left to right while
     their entropies sum to at most gamma, and commits them at once; the block fed is always all masks,
@@ -299,10 +351,11 @@ def generate(
     drafting adapter or its config, else whole-block chain drafts without lookup); with sampling they
     are the plain ones (whole blocks, no lookup, a chain). Set any of them to switch it:
     draft: "block" takes the whole block the masked head predicts in the verifying forward as the draft
-    (gamma and proxy unused); "eb" first reveals it with the EB rule (gamma, proxy) over forwards of its
-    own, as SBD would — better drafts for more forwards; greedy only; "adaptive" lets each row choose
-    how many masks to feed (at most block_size) from its own acceptance so far and the measured cost of
-    wider forwards on this model (`sbd.decoding.width_cost`, timed once per model and batch size):
+    (gamma and proxy do not apply: refused); "eb" first reveals it with the EB rule (gamma, proxy) over
+    forwards of its own, as SBD would — better drafts for more forwards; greedy only; "adaptive" lets
+    each row choose how many masks to feed (at most block_size) from its own acceptance so far and the
+    measured cost of wider forwards on this model (`sbd.decoding.width_cost`, timed once per model and
+    batch size):
     shorter drafts where they are often refused or forwards are compute-bound, plain next-token steps
     (with an occasional probe) where no draft pays; a draft of the masks' own chain also ends before the
     first place where the masks are unsure (`sbd.decoding.rows.confident_length`).
@@ -326,7 +379,9 @@ def generate(
     static_shapes: pad every decoding forward to one of a few fixed widths (NTP 1; SBD k and 2k) over a
     cache of fixed size, so that its shapes never change (same tokens, a little more work per forward).
     compile: run those forwards through `torch.compile` (CUDA: with CUDA graphs); implies static_shapes.
-    The first call per model and width compiles (seconds to minutes); later calls reuse it.
+    The first call per model and width compiles (seconds to minutes); later calls reuse it. A drafting
+    adapter runs inside the compiled forwards; a sampler head does not (it reads the hidden states
+    through a hook): compiled sbd-verify drafts from the masks alone, and says so in a warning.
     reveal_per_forward (method "sbd" only): instead of the EB rule, reveal the first r still-masked
     positions of the block every forward — a fixed schedule for timing the loop (e.g. on a model with
     random weights), not a decoding rule.
@@ -353,6 +408,9 @@ def generate(
                            "sbd-verify with lookup=True uses it)")
         draft, lookup, lookup_max, tree = chosen.draft, chosen.lookup, chosen.lookup_max, chosen.tree
         fallback = chosen.fallback
+        check_eb_settings(method, draft, gamma, proxy, reveal_per_forward)  # given where nothing reads them
+    gamma = GAMMA if gamma is None else gamma
+    proxy = PROXY if proxy is None else proxy
     _validate(model, method, block_size, gamma, proxy, max_new_tokens, temperature, stop, draft, lookup, tree,
               static_shapes or compile, lookup_max)
     if not isinstance(anchor, bool) or (anchor and method != "sbd"):
@@ -361,10 +419,11 @@ def generate(
     if anchor and (proxy != "entropy" or reveal_per_forward is not None):
         raise SBDError("anchor=True reveals left to right under the entropy bound: proxy and reveal_per_forward "
                        "do not apply")
+    if compile and method == "sbd-verify" and getattr(head_of(model), "enabled", False):
+        warnings.warn("sbd: compile=True drafts without the sampler head (it reads hidden states through a hook "
+                      "compiled forwards do not run): the masks draft alone, the tokens are the same; load with "
+                      "sampler_head=False to say so", stacklevel=2)
     check_decoding(model, method, anchor=anchor)
-    if compile and adapter_of(model) is not None:
-        raise SBDError("compile=True is not supported with a drafting adapter yet (its gate moves every forward); "
-                       "use static_shapes=True or plain eager decoding")
     if reveal_per_forward is not None and (method != "sbd" or not isinstance(reveal_per_forward, int)
                                            or reveal_per_forward < 1):
         raise SBDError("reveal_per_forward is an integer >= 1 and applies to method='sbd' only")
@@ -375,7 +434,7 @@ def generate(
                        "'sbd-verify' (the next-token head); method='sbd' reveals tokens with the masked head")
     prompt_ids = encode_prompts(tokenizer, prompts, chat)
     check_context(model, prompt_ids, max_new_tokens)
-    check_prompt_ids(model, tokenizer, prompt_ids)
+    check_prompt_ids(model, tokenizer, prompt_ids, prompts, chat)
     seeds = row_seeds(seed, len(prompt_ids), temperature)
     device = model.get_input_embeddings().weight.device
     if eos_token_ids is None:

@@ -14,11 +14,22 @@ fully fine-tuned model's `config.json` (`sbd_trained_for`, written by `sbd train
 
 from __future__ import annotations
 
+import json
 import warnings
 
 from ..errors import SBDError
 
 DECODINGS = ("sbd", "sbd-verify")
+
+# how each interface writes a setting, so that a refusal names what the user types there
+SPELLINGS = {
+    "python": lambda name, value: f"{name}={value!r}",
+    "cli": lambda name, value: f"--{name.replace('_', '-')}" + ("" if value is True else f" {value}"),
+    "http": lambda name, value: f"{json.dumps(name)}: {json.dumps(value)}",
+}
+# `sbd serve`'s options: anchored SBD is a request's choice there (no --anchor option)
+SPELLINGS["serve"] = lambda name, value: (f"requests with method sbd and {SPELLINGS['http'](name, value)}"
+                                          if name == "anchor" else SPELLINGS["cli"](name, value))
 
 
 def trained_for(model) -> frozenset[str] | None:
@@ -44,24 +55,31 @@ def _warn_once(model, key: str, text: str) -> None:
         warnings.warn(text, UserWarning, stacklevel=4)
 
 
-def check_decoding(model, method: str, anchor: bool = False) -> None:
+def check_decoding(model, method: str, anchor: bool = False, interface: str = "python") -> None:
     """Refuse (SBDError) or warn about a decoding the model's drafter was not trained for. Anchored plain
     SBD (`anchor`) feeds all-mask blocks only, the state sbd-verify's drafts are trained on: it asks what
-    sbd-verify asks."""
+    sbd-verify asks. interface ("python", "cli", "serve" or "http"): how the refusal spells the settings it
+    suggests (`method='sbd-verify'`, `--method sbd-verify`, `"method": "sbd-verify"`)."""
     if method not in DECODINGS:
         return
+    say = SPELLINGS[interface]
     trained = trained_for(model)
     if method == "sbd" and anchor:
         if trained is not None and not trained:
             raise SBDError("this model's masks were never trained (it records next-token decoding only): anchored "
-                           "plain SBD would reveal their guesses; use method='ntp' or 'sbd-verify'")
+                           f"plain SBD would reveal their guesses; use {say('method', 'ntp')} or "
+                           f"{say('method', 'sbd-verify')}")
         method = "sbd-verify" if trained is None or "sbd" not in trained else "sbd"
     if method == "sbd":
         if trained is not None and "sbd" not in trained:
-            what = "drafting adapter" if "sbd-verify" in trained else "model"
+            verify = "sbd-verify" in trained
+            what = "drafting adapter" if verify else "model"
+            anchored = (f", or {say('anchor', True)} for plain SBD anchored on the model's next token (lossy: not "
+                        "always its answers)") if verify else ""
             raise SBDError(f"this {what} was not trained for plain SBD decoding (it records: "
                            f"{', '.join(sorted(trained)) or 'next-token decoding only'}), which would write "
-                           "text the model never meant; use method='sbd-verify' (the model's own answers)")
+                           f"text the model never meant; use {say('method', 'sbd-verify')} (the model's own "
+                           f"answers){anchored}")
         if trained is None:
             _warn_once(model, "sbd", "sbd: this model records no training for plain SBD decoding (config.json "
                                      "sbd_trained_for); if its masks were not trained on partially revealed blocks "

@@ -62,16 +62,16 @@ def _number(name: str, value, kind):
 class SBDLM(TemplateLM):
     """lm-eval's `LM` interface over an SBD-capable (or any causal) model folder."""
 
-    def __init__(self, pretrained: str = "demo", method: str = "sbd-verify", gamma=0.35, block_size=None, adapter=None,
+    def __init__(self, pretrained: str = "demo", method: str = "sbd-verify", gamma=None, block_size=None, adapter=None,
                  anchor=None,
-                 proxy: str = "entropy", draft: str | None = None, lookup=None, lookup_max=None, tree=None,
+                 proxy: str | None = None, draft: str | None = None, lookup=None, lookup_max=None, tree=None,
                  max_gen_toks=256, batch_size=1,
                  max_batch_size=None, device: str | None = None, dtype: str | None = None, threads=None,
                  stats_path: str | None = None, tokenizer=None, **unused):
         super().__init__()
         global _last
         from ..decoding.defaults import resolve
-        from ..decoding.generate import METHODS, _validate, default_block_size
+        from ..decoding.generate import GAMMA, METHODS, PROXY, _validate, check_eb_settings, default_block_size
         from ..models.loading import load
 
         if unused:
@@ -105,11 +105,14 @@ class SBDLM(TemplateLM):
             self.model, self.tokenizer = load(str(pretrained), adapter=adapter, device=device, dtype=torch_dtype,
                                               probe=method != "ntp")
             self.pretrained = str(pretrained)
-        self.method, self.proxy = method, proxy
+        self.method, self.proxy = method, PROXY if proxy is None else proxy
         self.anchor = bool(_flag("anchor", anchor))
         if self.anchor and method != "sbd":
             raise SBDError(f"model argument anchor=true applies to method=sbd, not {method}")
-        self.gamma = _number("gamma", gamma, float)
+        self.gamma = GAMMA if gamma is None else _number("gamma", gamma, float)
+        # the EB rule's settings go to generate only where given (it refuses them where nothing reads them)
+        self.eb = {k: v for k, v in (("gamma", None if gamma is None else self.gamma), ("proxy", proxy))
+                   if v is not None}
         self.block_size = (default_block_size(self.model) if block_size is None
                            else _number("block_size", block_size, int))
         self.max_gen_toks_default = _number("max_gen_toks", max_gen_toks, int)
@@ -118,7 +121,9 @@ class SBDLM(TemplateLM):
                  "tree": None if tree is None else str(tree).replace(":", ",")}
         self.drafting = {k: v for k, v in given.items() if v is not None}  # left out: the model's defaults
         greedy = resolve(self.model, method=method, temperature=0.0, **self.drafting)  # also checks the tree
-        _validate(self.model, method, self.block_size, self.gamma, proxy, self.max_gen_toks_default, 0.0,
+        check_eb_settings(method, greedy.draft if method == "sbd-verify" else None, self.eb.get("gamma"),
+                          self.eb.get("proxy"))
+        _validate(self.model, method, self.block_size, self.gamma, self.proxy, self.max_gen_toks_default, 0.0,
                   None, greedy.draft, greedy.lookup, greedy.tree, False, greedy.lookup_max)
         self.settings = greedy if method == "sbd-verify" else None  # the last generation's (stats)
         self._device = torch.device(device)
@@ -251,8 +256,8 @@ class SBDLM(TemplateLM):
                 prompts = [self.tokenizer(requests[i].args[0]).input_ids[-room:] for i in chunk]
                 t0 = time.perf_counter()
                 result = generate(self.model, self.tokenizer, prompts,
-                                  method=self.method, block_size=self.block_size, gamma=self.gamma,
-                                  proxy=self.proxy, **({"anchor": True} if self.anchor else {}), **self.drafting,
+                                  method=self.method, block_size=self.block_size, **self.eb,
+                                  **({"anchor": True} if self.anchor else {}), **self.drafting,
                                   **options)
                 self.settings = result.settings
                 count = self.counts[task]

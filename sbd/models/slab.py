@@ -30,14 +30,15 @@ class SlabLayer(DynamicLayer):
     """One layer's keys/values in a fixed-capacity buffer of shape (B, heads, capacity, head_dim), one
     length for all rows (the probe, the convergence check and forward-cost timing use it)."""
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, static: bool = False):
         super().__init__()
-        self.capacity = capacity
+        self.capacity, self.static = capacity, static
         self.length = 0
 
     def lazy_initialization(self, key_states, value_states) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
-        self._k, self._v = kv_buffers(key_states, value_states, key_states.shape[0], self.capacity, zeros=False)
+        self._k, self._v = kv_buffers(key_states, value_states, key_states.shape[0], self.capacity, zeros=False,
+                                      static=self.static)
         self.is_initialized = True
 
     def update(self, key_states, value_states, *args, **kwargs):
@@ -82,7 +83,8 @@ class SlabLayer(DynamicLayer):
             self._v = self._v[indices]
 
 
-def slab_cache(model, capacity: int) -> Cache:
-    """A cache for `model` holding at most `capacity` positions per row, one length for all rows."""
+def slab_cache(model, capacity: int, static: bool = False) -> Cache:
+    """A cache for `model` holding at most `capacity` positions per row, one length for all rows (static:
+    at fixed addresses, for a compiled forward that CUDA graphs replay)."""
     n_layers = model.config.get_text_config(decoder=True).num_hidden_layers
-    return Cache(layers=[SlabLayer(capacity) for _ in range(n_layers)])
+    return Cache(layers=[SlabLayer(capacity, static) for _ in range(n_layers)])

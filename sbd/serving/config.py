@@ -6,11 +6,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..decoding.defaults import VerifySettings, model_defaults, tree_setting
-from ..decoding.generate import context_limit
+from ..decoding.generate import apply_chat, context_limit
 from ..decoding.trained_for import check_decoding
 from ..errors import SBDError
 
 MIB = 1 << 20
+DEFAULT_MAX_TOKENS = 256  # a request's max_tokens when it sends none, where half the context holds it
+MIN_MODEL_LEN = 16  # the shortest context served: a short prompt and an answer of a few tokens
+
+
+def default_max_tokens(max_len: int, max_tokens_limit: int = 1024) -> int:
+    """The max_tokens of a request that sends none: 256, or half the positions a request may use when that
+    is less (the other half for its prompt), so that the default never leaves a short prompt no room."""
+    return max(1, min(DEFAULT_MAX_TOKENS, max_len // 2, max_tokens_limit))
 
 
 @dataclass
@@ -26,7 +34,7 @@ class Limits:
     lookup: bool | None = None
     lookup_max: int | None = None
     tree: tuple[int, ...] | str | None = None
-    max_tokens: int = 256
+    max_tokens: int | None = None  # None: `default_max_tokens` of the request length (256 where it fits)
     max_tokens_limit: int = 1024
     block_size_limit: int = 32
     lookup_max_limit: int = 64
@@ -57,16 +65,29 @@ def server_config(model, *, model_path: str, served_name: str | None = None, max
                   max_queue: int = 64, max_model_len: int | None = None, prefill: str = "separate",
                   method: str = "sbd-verify", draft: str | None = None, block_size: int | None = None,
                   gamma: float = 0.35, lookup: bool | None = None, lookup_max: int | None = None, tree=None,
-                  max_tokens: int = 256, max_tokens_limit: int = 1024,
+                  max_tokens: int | None = None, max_tokens_limit: int = 1024,
                   max_body_bytes: int = MIB, max_prompt_tokens: int | None = None,
-                  api_key: str | None = None) -> ServerConfig:
-    """The configuration `sbd serve` runs with; SBDError names the first option the model cannot honour."""
+                  api_key: str | None = None, tokenizer=None) -> ServerConfig:
+    """The configuration `sbd serve` runs with; SBDError names the first option the model cannot honour.
+    max_tokens None: `default_max_tokens` (256, or half of the request length when that is less).
+    tokenizer: with a chat template, the context must also hold the template around a short message."""
     limit = context_limit(model) or 2048
     length = max_model_len or min(2048, limit)
     if length > limit:
         raise SBDError(f"--max-model-len {length} exceeds the model's context of {limit}")
-    if max_tokens > max_tokens_limit:
-        raise SBDError("--max-tokens exceeds --max-tokens-limit")
+    shortest = _template_tokens(tokenizer) + 1  # a chat request's prompt and one token
+    if length < max(MIN_MODEL_LEN, shortest):
+        need = (f"at least {MIN_MODEL_LEN}" if shortest <= MIN_MODEL_LEN else
+                f"the chat template's own {shortest - 1} tokens and one more")
+        raise SBDError(f"--max-model-len {length} is too short to serve: a request needs room for a prompt and at "
+                       f"least one generated token ({need}); give a larger --max-model-len")
+    if max_tokens is not None and max_tokens > max_tokens_limit:
+        raise SBDError(f"--max-tokens {max_tokens} exceeds --max-tokens-limit {max_tokens_limit}")
+    if max_tokens is not None and max_tokens >= length:
+        raise SBDError(f"--max-tokens {max_tokens} leaves no room for a prompt within --max-model-len {length} "
+                       f"(the default of requests that send no max_tokens); give at most {length - 1}")
+    if max_tokens is None:
+        max_tokens = default_max_tokens(length, max_tokens_limit)
     if max_prompt_tokens is not None and max_prompt_tokens >= length:
         raise SBDError(f"--max-prompt-tokens {max_prompt_tokens} leaves no room to generate within "
                        f"--max-model-len {length}")
@@ -84,7 +105,8 @@ def server_config(model, *, model_path: str, served_name: str | None = None, max
         raise SBDError("--lookup-max sets the longest prompt-lookup draft; it has no effect with --no-lookup")
     if lookup_max is not None and lookup_max > Limits.lookup_max_limit:
         raise SBDError(f"--lookup-max {lookup_max} exceeds the largest a request may ask ({Limits.lookup_max_limit})")
-    check_decoding(model, method)  # --method sbd on a drafter not trained for it: refused here, not per request
+    # --method sbd on a drafter not trained for it: refused here, not per request, naming sbd serve's options
+    check_decoding(model, method, interface="serve")
     if api_key is not None and not api_key.strip():
         raise SBDError("--api-key (or SBD_API_KEY) is empty")
     limits = Limits(method=method, draft=draft, block_size=block_size, gamma=gamma, lookup=lookup,
@@ -94,6 +116,16 @@ def server_config(model, *, model_path: str, served_name: str | None = None, max
     return ServerConfig(model_name=name, max_batch=max_batch, max_queue=max_queue, max_model_len=length,
                         prefill=prefill, limits=limits, max_body_bytes=max_body_bytes,
                         max_prompt_tokens=max_prompt_tokens, api_key=api_key)
+
+
+def _template_tokens(tokenizer) -> int:
+    """Tokens of the tokenizer's chat template around one empty user message (0 without a template)."""
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        return 0
+    try:
+        return len(apply_chat(tokenizer, [{"role": "user", "content": ""}]))
+    except Exception:  # a template that needs more than one message: no floor from it
+        return 0
 
 
 def server_defaults(model, limits: Limits) -> VerifySettings:

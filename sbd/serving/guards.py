@@ -22,16 +22,22 @@ async def _answer(send, err: APIError) -> None:
 
 
 class APIKey:
-    """401 unless the request carries `Authorization: Bearer <key>`; /health stays open."""
+    """401 unless the request carries `Authorization: Bearer <key>` (the scheme in any case); /health stays
+    open."""
 
     def __init__(self, app, key: str, count: Callable[[str, int], None] = lambda path, status: None):
-        self.app, self.key, self.count = app, f"Bearer {key}".encode(), count
+        self.app, self.key, self.count = app, key.encode(), count
+
+    def _matches(self, given: bytes) -> bool:
+        """`Bearer <key>`, the scheme in any case (RFC 7235: auth schemes are case-insensitive)."""
+        scheme, _, token = given.strip().partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             return await self.app(scope, receive, send)
         given = dict(scope["headers"]).get(b"authorization", b"")
-        if not hmac.compare_digest(given, self.key):
+        if not self._matches(given):
             self.count(scope["path"], 401)
             what = "no API key given" if not given else "incorrect API key"
             return await _answer(send, APIError(401, f"{what}: send the header Authorization: Bearer <key>",

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..decoding.defaults import GENERAL, PLAIN, VerifySettings, tree_setting
 from ..errors import SBDError
-from .config import Limits
+from .config import DEFAULT_MAX_TOKENS, Limits
 from .errors import APIError
 
 METHODS = ("sbd-verify", "sbd", "ntp")
@@ -113,6 +113,7 @@ class Options:
     top_p: float = 1.0
     fallback: bool = False  # whole-block drafts of untrained masks: plain steps while they fail
     anchor: bool = False  # method sbd: plain SBD anchored on the next-token head (`sbd.decoding.anchored`)
+    max_tokens_given: bool = True  # False: the server's default max_tokens (an error then says so)
 
     @property
     def processing(self) -> dict:
@@ -219,6 +220,9 @@ def options(req: DecodingFields, limits: Limits, default_block: int, vocab: int,
     block = req.block_size if req.block_size is not None else (limits.block_size or default_block)
     if req.block_size is not None and not 1 <= block <= limits.block_size_limit:  # the server's own: checked at start
         raise bad(f"block_size must be between 1 and {limits.block_size_limit}", "block_size")
+    if req.block_size is not None and method == "ntp":  # a setting nothing would read: said, not ignored
+        raise bad("block_size sets the blocks of methods sbd and sbd-verify; this request decodes with ntp, one "
+                  "token per forward", "block_size")
     gamma = limits.gamma if req.gamma is None else req.gamma
     if math.isnan(gamma) or gamma < 0:
         raise bad("gamma must be a number >= 0", "gamma")
@@ -262,7 +266,9 @@ def options(req: DecodingFields, limits: Limits, default_block: int, vocab: int,
         if max_tokens is not None and max_tokens != req.max_completion_tokens:
             raise bad("max_tokens and max_completion_tokens differ; give one", "max_completion_tokens")
         max_tokens = req.max_completion_tokens
-    max_tokens = limits.max_tokens if max_tokens is None else max_tokens
+    given = max_tokens is not None
+    if not given:
+        max_tokens = limits.max_tokens if limits.max_tokens is not None else DEFAULT_MAX_TOKENS
     if not 1 <= max_tokens <= limits.max_tokens_limit:
         raise bad(f"max_tokens must be between 1 and {limits.max_tokens_limit}", "max_tokens")
     if req.seed is not None and not INT64[0] <= req.seed <= INT64[1] - (n - 1):
@@ -273,7 +279,7 @@ def options(req: DecodingFields, limits: Limits, default_block: int, vocab: int,
         raise bad("top_p must be greater than 0 (and at most 1)", "top_p")
     chosen = Options(method, block, float(gamma), proxy, draft, max_tokens, temperature, req.seed,
                      stop_strings(req.stop), bool(req.stream), n=n, lookup=bool(lookup), lookup_max=lookup_max,
-                     tree=tree, logprobs=logprobs,
+                     tree=tree, logprobs=logprobs, max_tokens_given=given,
                      echo=echo, logit_bias=_logit_bias(req.logit_bias, vocab, mask_id),
                      presence_penalty=_number(req.presence_penalty, "presence_penalty", -2, 2, 0.0),
                      fallback=base.fallback and req.draft is None, anchor=bool(req.anchor),

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
-from ..decoding.generate import apply_chat, check_prompt_ids, context_limit, default_block_size, default_eos_ids
+from ..decoding.generate import (apply_chat, check_prompt_ids, context_limit, default_block_size, default_eos_ids,
+                                 mask_message)
 from ..decoding.processing import Processing
 from ..decoding.rows import make_row, verify_width
 from ..decoding.trained_for import check_decoding
 from ..decoding.width_cost import forward_costs
 from ..errors import SBDError
-from .config import Limits, ServerConfig, server_defaults
+from .config import Limits, ServerConfig, default_max_tokens, server_defaults
 from .errors import APIError
 from .metrics import Metrics
 from .protocol import Options
@@ -45,6 +47,9 @@ class Server:
         limit = context_limit(model)  # prompt + max_tokens never run past the model's positions
         self.max_len = min(config.max_model_len, limit) if limit else config.max_model_len
         self.max_prompt = min(config.max_prompt_tokens or self.max_len - 1, self.max_len - 1)
+        if self.limits.max_tokens is None:  # left to the server: what fits this context beside a prompt
+            default = default_max_tokens(self.max_len, self.limits.max_tokens_limit)
+            self.limits = replace(self.limits, max_tokens=default)
         # no token covers more characters than the longest vocabulary entry, so a text longer than this
         # cannot fit the prompt limit whatever the tokenizer does (x4: a normalizer may compose characters)
         longest = max((len(k) for k in tokenizer.get_vocab()), default=1) if tokenizer is not None else 1
@@ -75,6 +80,9 @@ class Server:
         return self.check_length(await self._off_loop(lambda: self.tokenizer(prompt).input_ids), "prompt")
 
     async def encode_chat(self, messages: list[dict]) -> list[int]:
+        if self.tokenizer is None or not getattr(self.tokenizer, "chat_template", None):
+            raise APIError(400, "this model's tokenizer has no chat template, so /v1/chat/completions cannot format "
+                                "messages; send the text as prompt to /v1/completions", param="messages")
         self.check_chars(sum(len(m["content"]) for m in messages), "messages")
         try:
             ids = await self._off_loop(apply_chat, self.tokenizer, messages)
@@ -82,6 +90,12 @@ class Server:
             raise APIError(400, str(e), param="messages") from None
         except Exception as e:  # a template that refuses the conversation (e.g. roles out of order)
             raise APIError(400, f"the chat template refused these messages: {e}", param="messages") from None
+        if self.mask_id is not None and self.mask_id in ids:  # named by its message, before any other check
+            j = await self._off_loop(mask_message, self.tokenizer, self.mask_id, messages)
+            where = "messages" if j is None else f"messages[{j}].content"
+            text = self.tokenizer.convert_ids_to_tokens(int(self.mask_id))
+            raise APIError(400, f"{where} contains the SBD mask token {text!r}; it is reserved for decoding and "
+                                "cannot appear in a message", param=where)
         return self.check_length(ids, "messages")
 
     def check_length(self, ids: list[int], param: str) -> list[int]:
@@ -95,15 +109,19 @@ class Server:
         if opts.method != "ntp" and self.mask_id is None:
             raise APIError(400, "this model has no SBD mask token; use method ntp", param="method")
         try:
-            check_decoding(self.model, opts.method, anchor=opts.anchor)  # plain SBD on a drafter not trained for it: refused
+            # plain SBD on a drafter not trained for it: refused, naming the request fields to send instead
+            check_decoding(self.model, opts.method, anchor=opts.anchor, interface="http")
         except SBDError as e:
             raise APIError(400, str(e), param="method") from None
         if len(prompt_ids) + opts.max_tokens > self.max_len:
-            raise APIError(400, f"prompt ({len(prompt_ids)} tokens) + max_tokens ({opts.max_tokens}) exceeds "
-                                f"this server's {self.max_len} tokens per request", param="max_tokens",
-                           code="context_length_exceeded")
+            room = self.max_len - len(prompt_ids)
+            what = (f"max_tokens ({opts.max_tokens})" if opts.max_tokens_given else
+                    f"this server's default max_tokens ({opts.max_tokens}; the request sent none)")
+            fix = f": send max_tokens of at most {room}" if room >= 1 else ": send a shorter prompt"
+            raise APIError(400, f"prompt ({len(prompt_ids)} tokens) + {what} exceeds this server's {self.max_len} "
+                                f"tokens per request{fix}", param="max_tokens", code="context_length_exceeded")
         try:
-            check_prompt_ids(self.model, self.tokenizer, [prompt_ids])
+            check_prompt_ids(self.model, self.tokenizer, [prompt_ids], prompt_ids)  # one prompt: "the prompt"
         except SBDError as e:
             raise APIError(400, str(e), param="prompt") from None
         processing = Processing(**opts.processing)

@@ -20,6 +20,11 @@ Two independent savings, both used by `SBDTrainer.compute_loss` and `benchmarks/
    (N,V) rows in row-major order of the labelled positions. A model whose forward has no
    `logits_to_keep`, or that returns another shape, is refused by `supports_labelled_logits` /
    checked at run time, and the full logits are used instead (never a silent mismatch).
+   Without a host read (`labelled_rows`, for CUDA): the labelled positions are found on the host
+   before the batch goes to the device, and the model gets them as a (B,P) integer `logits_to_keep`
+   (each row's labelled positions, padded to the most any row has); the (N,V) rows are then picked
+   from the (B·P,V) logits with a precomputed index. A boolean `logits_to_keep` would make the device
+   count the positions first (a sync mid-forward); the price is the head on B·P ≥ N rows.
 """
 
 from __future__ import annotations
@@ -114,17 +119,38 @@ def supports_labelled_logits(model) -> bool:
         return False
 
 
+def labelled_rows(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where the labelled positions of `labels` (B,T) are, computed on the host before the batch moves to
+    the device: (positions (B,P) long, each row's labelled positions in order, padded with position 0 up
+    to P, the most any row has; select (N,) long, the N labelled ones among the B·P flattened rows, in
+    row-major order: the order of `labels[labels != -100]`)."""
+    valid = labels != IGNORE
+    counts = valid.sum(1)
+    p = max(int(counts.max()), 1) if valid.numel() else 1
+    order = torch.argsort((~valid).to(torch.uint8), dim=1, stable=True)[:, :p]   # labelled columns first, in order
+    used = torch.arange(p, device=labels.device)[None] < counts[:, None]
+    positions = torch.where(used, order, 0)
+    select = used.flatten().nonzero()[:, 0]
+    return positions, select
+
+
 def training_logits(model, inputs: dict, labels: torch.Tensor, num_clean: int | None = None, *,
-                    split: bool = True, labelled_only: bool = True) -> torch.Tensor:
+                    split: bool = True, labelled_only: bool = True, rows: tuple | None = None,
+                    num_labelled: int | None = None) -> torch.Tensor:
     """Logits for `sbd_loss`: (B,T,V) for the plain path, (N,V) at the labelled positions for the fast one.
 
     inputs: the model inputs of an SBD or NTP batch (no labels). num_clean: the clean length of an SBD
-    batch with a dense mask (enables the split attention); None for an NTP batch.
+    batch with a dense mask (enables the split attention); None for an NTP batch. rows: `labelled_rows`
+    of these labels (on the model's device): the labelled logits are then gathered without a host read.
+    num_labelled: N, when the caller knows it (saves counting the labels on the device).
     """
     kwargs = dict(inputs)
     kwargs.setdefault("use_cache", False)
     keep = None
-    if labelled_only and supports_labelled_logits(model):
+    labelled = labelled_only and supports_labelled_logits(model)
+    if labelled and rows is not None:
+        kwargs["logits_to_keep"] = rows[0]
+    elif labelled:
         keep = labels != IGNORE
         kwargs["logits_to_keep"] = keep
     use_split = split and num_clean is not None and isinstance(kwargs.get("attention_mask"), torch.Tensor) \
@@ -133,8 +159,15 @@ def training_logits(model, inputs: dict, labels: torch.Tensor, num_clean: int | 
         if active:
             kwargs[NUM_CLEAN_KWARG] = int(num_clean)
         logits = model(**kwargs).logits
+    if labelled and rows is not None:
+        positions, select = rows
+        if logits.dim() != 3 or logits.shape[:2] != positions.shape:
+            raise RuntimeError(f"{type(_unwrap(model)).__name__} returned logits of shape {tuple(logits.shape)} "
+                               f"for an integer logits_to_keep of shape {tuple(positions.shape)}; call "
+                               "training_logits without rows for this model")
+        return logits.reshape(-1, logits.shape[-1]).index_select(0, select)
     if keep is not None:
-        n = int(keep.sum())
+        n = int(keep.sum()) if num_labelled is None else int(num_labelled)
         if logits.dim() == 3 and logits.shape[0] == 1 and logits.shape[1] == n:
             logits = logits[0]
         if logits.dim() != 2 or logits.shape[0] != n:

@@ -8,7 +8,7 @@ what a Hugging Face user expects from a data collator.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -29,6 +29,22 @@ def _ids(feature, i: int) -> list[int]:
     if len(ids) < 2:
         raise SBDError(f"example {i} has {len(ids)} token(s); a training sequence needs at least 2")
     return ids
+
+
+def _labelled_blocks(labelled: torch.Tensor, k: int, columns: list) -> list:
+    """`columns` ((B,M) tensor, fill value) of the noisy half cut down to the blocks of k positions that hold
+    a label (`labelled` (B,M)): each row's in order, block-aligned from position 0, the rest filled."""
+    b, m = labelled.shape
+    nb = -(-m // k)
+    has = torch.nn.functional.pad(labelled, (0, nb * k - m)).view(b, nb, k).any(-1)   # (B, blocks)
+    counts = has.sum(1)
+    w = int(counts.max()) if b else 0
+    order = torch.argsort((~has).to(torch.uint8), dim=1, stable=True)[:, :w]          # labelled blocks first
+    jj = torch.arange(w * k, device=labelled.device)
+    sel = order[:, jj // k] * k + jj % k                                                # (B, w·k) position in M
+    keep = ((jj // k)[None] < counts[:, None]) & (sel < m)
+    sel = sel.clamp(max=max(m - 1, 0))
+    return [(torch.where(keep, x.gather(1, sel), fill), fill) for x, fill in columns]
 
 
 class SBDDataCollator:
@@ -243,7 +259,8 @@ class SBDDataCollator:
 
     def corrupt(self, clean: dict, block_size: int, eta: torch.Tensor, u: torch.Tensor,
                 dense_mask: bool = True, block_noise: torch.Tensor | None = None,
-                windows: torch.Tensor | None = None) -> dict:
+                windows: torch.Tensor | None = None, drop_unlabelled: bool = False,
+                length_to: Callable[[int], int] | None = None) -> dict:
         """The doubled batch for block size k: position p of the noisy copy is masked iff u < η (or, in a
         suffix-masked block, iff p lies at or after the block's cut).
 
@@ -251,7 +268,17 @@ class SBDDataCollator:
         windows: `draw_windows`'s draw (needed when noisy_blocks is set).
         Returns input_ids, position_ids (B,T), attention_mask (B,1,T,T) bool, labels (B,T) and
         num_clean = L, where T = L + M. dense_mask=False leaves attention_mask None (the caller builds a
-        flex_attention BlockMask instead, from `noisy_lengths`).
+        flex_attention BlockMask instead) and adds "noisy_layout": (block start in x (B,M) long, real
+        (B,M) bool) of every noisy position, what `flex.training_block_mask` needs.
+
+        Two ways to compute less for the same loss and gradients, the draws unchanged:
+        drop_unlabelled: leave out the noisy blocks that hold no label (none of their tokens is a masked
+        completion token: a low η, a block inside the prompt, the incomplete last block). Nothing outside a
+        noisy block attends to it, so no labelled position's logits change; each row keeps its labelled
+        blocks in order, block-aligned, with their positions and their view of the clean prefix, and the
+        noisy half is as wide as the row that keeps the most. length_to: the whole length T is padded at
+        the end of the noisy half to length_to(T) (`flex.bucket_length`: lengths repeat, so compiled
+        kernels are reused); padding has no label, attends to itself only and is seen by nothing.
         """
         ids, lengths, prompt = clean["input_ids"], clean["lengths"], clean["prompt_lengths"]
         dev = ids.device
@@ -283,24 +310,37 @@ class SBDDataCollator:
         masked &= noisy_real
         noisy_ids = torch.where(masked, self.mask_token_id, torch.where(noisy_real, src, self.pad_token_id))
         clean_real = torch.arange(n, device=dev)[None] < lengths[:, None]
+        block_x = origin[:, None] + offset - offset % k                     # (B,M) where each block starts in x
+        complete = offset < (n_noisy // k * k)[:, None]                     # padded rows are complete
+        matp_ok = masked & complete & (src_pos >= prompt[:, None])
+        noisy_labels = torch.where(matp_ok, src, IGNORE)
+        # every position id stays within the row's real span (padding rows are masked out anyway)
+        noisy_pos = torch.minimum(src_pos, (origin + n_noisy - 1).clamp_min(0)[:, None])
+
+        columns = [(noisy_ids, self.pad_token_id), (noisy_labels, IGNORE), (noisy_pos, 0), (block_x, 0),
+                   (noisy_real, False)]
+        if drop_unlabelled:
+            columns = _labelled_blocks(matp_ok, k, columns)
+        if length_to is not None:
+            extra = int(length_to(n + columns[0][0].shape[1])) - n - columns[0][0].shape[1]
+            if extra > 0:
+                columns = [(torch.cat([x, x.new_full((b, extra), fill)], 1), fill) for x, fill in columns]
+        (noisy_ids, noisy_labels, noisy_pos, block_x, noisy_real) = (x for x, _ in columns)
+        m = noisy_ids.shape[1]
 
         t = n + m
-        block_x = origin[:, None] + offset - offset % k                     # (B,M) where each block starts in x
         allowed = self._mask(n, m, k, block_x, clean_real, noisy_real) if dense_mask else None
-
         labels = torch.full((b, t), IGNORE, dtype=torch.long, device=dev)
         nxt = torch.arange(1, n, device=dev)[None]
         ntp_ok = (nxt < lengths[:, None]) & (nxt >= prompt[:, None])
         labels[:, : n - 1] = torch.where(ntp_ok, ids[:, 1:], IGNORE)
-        complete = offset < (n_noisy // k * k)[:, None]                     # padded rows are complete
-        matp_ok = masked & complete & (src_pos >= prompt[:, None])
-        labels[:, n:] = torch.where(matp_ok, src, IGNORE)
-
-        # every position id stays within the row's real span (padding rows are masked out anyway)
-        noisy_pos = torch.minimum(src_pos, (origin + n_noisy - 1).clamp_min(0)[:, None])
+        labels[:, n:] = noisy_labels
         position_ids = torch.cat([torch.arange(n, device=dev).expand(b, n), noisy_pos], 1)
-        return {"input_ids": torch.cat([ids, noisy_ids], 1), "position_ids": position_ids,
-                "attention_mask": None if allowed is None else allowed[:, None], "labels": labels, "num_clean": n}
+        out = {"input_ids": torch.cat([ids, noisy_ids], 1), "position_ids": position_ids,
+               "attention_mask": None if allowed is None else allowed[:, None], "labels": labels, "num_clean": n}
+        if not dense_mask:
+            out["noisy_layout"] = (block_x, noisy_real)
+        return out
 
     @staticmethod
     def _mask(n: int, m: int, k: int, block_x, clean_real, noisy_real) -> torch.Tensor:
@@ -322,11 +362,14 @@ class SBDDataCollator:
         allowed.diagonal(dim1=1, dim2=2).fill_(True)
         return allowed
 
-    def causal(self, clean: dict) -> dict:
-        """The `--mode ntp` batch: the single clean copy, causal LM labels aligned with the logits."""
+    def causal(self, clean: dict, width: int | None = None) -> dict:
+        """The `--mode ntp` batch: the single clean copy, causal LM labels aligned with the logits.
+        width: pad it to this many positions (>= L; padding has no label and is masked out)."""
         ids, lengths, prompt = clean["input_ids"], clean["lengths"], clean["prompt_lengths"]
         dev = ids.device
         lengths, prompt = lengths.to(dev), prompt.to(dev)
+        if width is not None and width > ids.shape[1]:
+            ids = torch.cat([ids, ids.new_full((ids.shape[0], width - ids.shape[1]), self.pad_token_id)], 1)
         b, n = ids.shape
         labels = torch.full((b, n), IGNORE, dtype=torch.long, device=dev)
         nxt = torch.arange(1, n, device=dev)[None]

@@ -32,7 +32,8 @@ def position_weights(offsets: torch.Tensor, decay: float) -> torch.Tensor:
 
 
 def sbd_loss(logits: torch.Tensor, labels: torch.Tensor, num_clean: int | None = None,
-             denominator=None, weights: torch.Tensor | None = None) -> LossParts:
+             denominator=None, weights: torch.Tensor | None = None, targets: torch.Tensor | None = None,
+             target_clean: torch.Tensor | None = None) -> LossParts:
     """Cross-entropy of `logits` (B,T,V) against `labels` (B,T), already aligned (no shift here).
 
     `logits` may also be (N,V): the rows of the N labelled positions only (`labels != -100`, row-major
@@ -44,23 +45,39 @@ def sbd_loss(logits: torch.Tensor, labels: torch.Tensor, num_clean: int | None =
     weight per labelled position (row-major) for the differentiable loss, whose mean is then taken over
     the weights' total (`denominator` should then be the step's total weight); the logged sums stay
     plain cross-entropy.
+
+    targets, target_clean: `labels[labels != -100]` (N,) and whether each lies in the clean half (N,)
+    bool, computed on the host before the batch went to the device (`loss_targets`): with (N,V) logits
+    the loss then reads nothing back from the device (no boolean indexing, no count).
     """
     t = labels.shape[1]
     num_clean = t // 2 if num_clean is None else num_clean
-    valid = labels != IGNORE
-    if logits.dim() == 2:                       # already the labelled rows
-        if logits.shape[0] != int(valid.sum()):
-            raise ValueError(f"logits of shape {tuple(logits.shape)} for {int(valid.sum())} labelled positions")
-        picked = logits.float()
+    if targets is not None and logits.dim() == 2:   # the labelled rows, their targets known: no host read
+        if logits.shape[0] != targets.shape[0]:
+            raise ValueError(f"logits of shape {tuple(logits.shape)} for {targets.shape[0]} labelled positions")
+        ce = F.cross_entropy(logits.float(), targets, reduction="none")
+        total = ce.sum()
+        in_clean = target_clean.to(ce.device)
+        ntp_sum = torch.where(in_clean, ce.detach(), 0.0).sum()
+        matp_sum = (total.detach() - ntp_sum)
+        ntp_count = in_clean.sum()
+        matp_count = (~in_clean).sum()
+        valid = None
     else:
-        picked = logits[valid].float()          # only target positions are upcast
-    ce = F.cross_entropy(picked, labels[valid], reduction="none")
-    total = ce.sum()
-    in_clean = valid.nonzero()[:, 1] < num_clean
-    ntp_sum = ce[in_clean].sum().detach()
-    matp_sum = (total.detach() - ntp_sum)
-    ntp_count = in_clean.sum()
-    matp_count = valid.sum() - ntp_count
+        valid = labels != IGNORE
+        if logits.dim() == 2:                       # already the labelled rows
+            if logits.shape[0] != int(valid.sum()):
+                raise ValueError(f"logits of shape {tuple(logits.shape)} for {int(valid.sum())} labelled positions")
+            picked = logits.float()
+        else:
+            picked = logits[valid].float()          # only target positions are upcast
+        ce = F.cross_entropy(picked, labels[valid], reduction="none")
+        total = ce.sum()
+        in_clean = valid.nonzero()[:, 1] < num_clean
+        ntp_sum = ce[in_clean].sum().detach()
+        matp_sum = (total.detach() - ntp_sum)
+        ntp_count = in_clean.sum()
+        matp_count = valid.sum() - ntp_count
     if weights is not None:
         weights = weights.to(ce.device, ce.dtype)
         if weights.shape != ce.shape:
@@ -71,6 +88,13 @@ def sbd_loss(logits: torch.Tensor, labels: torch.Tensor, num_clean: int | None =
         loss = total_w / torch.as_tensor(denominator, device=total.device).clamp_min(1e-8)
         return LossParts(loss, ntp_sum, ntp_count, matp_sum, matp_count)
     if denominator is None:
-        denominator = valid.sum()
+        denominator = valid.sum() if valid is not None else ce.shape[0]
     loss = total / torch.as_tensor(denominator, device=total.device).clamp_min(1)
     return LossParts(loss, ntp_sum, ntp_count, matp_sum, matp_count)
+
+
+def loss_targets(labels: torch.Tensor, num_clean: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(targets (N,), target_clean (N,) bool) of `labels` (B,T) for `sbd_loss`, in row-major order of the
+    labelled positions; computed where the labels are (the host, before the batch moves)."""
+    valid = labels != IGNORE
+    return labels[valid], valid.nonzero()[:, 1] < num_clean

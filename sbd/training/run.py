@@ -111,7 +111,9 @@ class TrainConfig:
         "On a CPU only where oneDNN computes bfloat16 (AVX-512 or AMX): 1.5-1.75x cheaper per sequence for "
         "the SmolLM2 adapter on a 2-core Zen 4 (AVX-512 BF16); refused elsewhere (AVX2: emulated, many times "
         "slower). On a GPU that supports it, bf16 is always on"))
-    seed: int = field(default=0, metadata=_opt("seed of initialisation-free randomness: data order, masks, k"))
+    seed: int = field(default=0, metadata=_opt(
+        "seed of everything random in the run: a new adapter's and sampler head's initialisation, data order, "
+        "masks, block sizes (the same seed and settings repeat a run exactly on the same machine)"))
     save_steps: int = field(default=500, metadata=_opt("checkpoint every N steps, and at the end"))
     save_total_limit: int = field(default=2, metadata=_opt("checkpoints kept (0 keeps all)"))
     logging_steps: int = field(default=10, metadata=_opt("log every N steps"))
@@ -151,6 +153,10 @@ class TrainConfig:
             raise SBDError(f"--lr must be a positive number, got {self.lr}")
         if self.warmup_steps is not None and self.warmup_steps < 0:
             raise SBDError(f"--warmup-steps must be >= 0, got {self.warmup_steps}")
+        if self.warmup >= self.steps:  # both schedules decay only after the warmup: here they never would
+            raise SBDError(f"--warmup-steps {self.warmup} leaves no step of --steps {self.steps} for --schedule "
+                           f"{self.schedule} to decay in (the learning rate would rise for the whole run); use "
+                           f"--warmup-steps {self.steps - 1} or less, or more --steps")
         if self.adapter is not None and self.mode != "sbd":
             raise SBDError("--adapter trains drafts for SBD; it cannot be combined with --mode ntp")
         if not isinstance(self.alpha, (int, float)) or not math.isfinite(self.alpha) or self.alpha <= 0:
@@ -325,8 +331,10 @@ def _resume_point(config: TrainConfig) -> str | None:
 def train(config: TrainConfig) -> Path:
     """Run `config` to the end and return the folder of the trained model (`config.out`).
 
-    Ctrl-C saves a checkpoint and raises KeyboardInterrupt (resume with `resume=True`). User mistakes
-    raise SBDError before any model is loaded where possible.
+    Ctrl-C saves a checkpoint and raises KeyboardInterrupt, SIGTERM the same and raises
+    `sbd.interrupts.Terminated` (a KeyboardInterrupt); resume with `resume=True`. A NaN/inf loss or
+    gradient norm raises SBDError and saves nothing after it. User mistakes raise SBDError before any
+    model is loaded where possible.
     """
     _check_paths(config)
     try:
@@ -390,6 +398,9 @@ def _run(config: TrainConfig) -> Path:
     records = load_records(config.data)
     cuda = torch.cuda.is_available()
     model, tokenizer = load(config.model, device="cuda" if cuda else "cpu", dtype=torch.float32)
+    from transformers import set_seed
+
+    set_seed(config.seed)  # what is drawn before the Trainer seeds itself: a new mask embedding, adapter, head
     if cuda and config.adapter is None and config.attention in ("auto", "flex") and config.noisy_blocks is None:
         try:
             model.set_attn_implementation("flex_attention")
@@ -460,10 +471,15 @@ def _run(config: TrainConfig) -> Path:
     trainer.train(resume_from_checkpoint=resume_from)
     step = trainer.state.global_step
     if trainer.interrupted:
+        import signal
+
+        from ..interrupts import Terminated
+
+        term = trainer.stop_signal == signal.SIGTERM
         if main:
-            print(f"stopped at step {step}: checkpoint saved in {out / f'checkpoint-{step}'}; "
-                  "continue with the same command and --resume")
-        raise KeyboardInterrupt
+            print(f"stopped at step {step}{' by SIGTERM' if term else ''}: checkpoint saved in "
+                  f"{out / f'checkpoint-{step}'}; continue with the same command and --resume", flush=True)
+        raise Terminated if term else KeyboardInterrupt
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     trainer.save_model(str(out))  # weights (safetensors), config with sbd_mask_token_id, tokenizer
     if main:

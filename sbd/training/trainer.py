@@ -11,9 +11,16 @@ scheduler, RNG and data position. This subclass adds the SBD parts:
   whether the run was resumed;
 - the pooled loss (one mean over every valid target of the whole step, across micro-batches and
   processes), with NTP and MATP losses and tokens/s logged separately;
-- atomic checkpoints, Ctrl-C = save and stop, a clear stop on a NaN/inf loss;
-- flex_attention's BlockMask for the training mask on CUDA, a dense bool mask elsewhere;
-- a cheaper forward with the same loss and gradients (`sbd/training/attention.py`).
+- atomic checkpoints, Ctrl-C or SIGTERM = save and stop, a clear stop on a NaN/inf loss or gradient
+  norm (checked where the Trainer reads its numbers anyway: no host read is added per step);
+- flex_attention's BlockMask for the training mask on CUDA, a dense bool mask elsewhere; on CUDA every
+  batch is padded to a length of `flex.bucket_length`, so that compiled flex_attention kernels are
+  reused rather than recompiled at every step (same loss: padding carries no label and is masked out);
+- a cheaper forward with the same loss and gradients (`sbd/training/attention.py`);
+- no host read of a device value per step on CUDA (`sync_free`): the batch is built on the host, where
+  its labelled positions and targets are found too, and copied without waiting; the loss and the gradient
+  norm are checked for NaN/inf in one read before every log line and checkpoint (the Trainer's own
+  per-step read of the loss, `logging_nan_inf_filter`, is off: SBDTrainer stops on a non-finite loss).
 """
 
 from __future__ import annotations
@@ -42,8 +49,10 @@ from . import checkpoints as ckpt
 from .attention import training_logits
 from .collator import SBDDataCollator
 from .adapter_forward import adapter_logits, kl_sum, latent_sum
+from .attention import labelled_rows
 from .collator import IGNORE
-from .loss import position_weights, sbd_loss
+from .flex import bucket_length
+from .loss import loss_targets, position_weights, sbd_loss
 
 MODES = ("sbd", "ntp", "adapter")
 HEAD_MODES = (None, "joint", "only")  # the sampler head: not trained, trained with the adapter, trained alone
@@ -83,6 +92,9 @@ def sbd_training_args(output_dir, *, steps: int, batch_size: int = 8, lr: float 
         logging_strategy="steps", logging_steps=logging_steps, report_to="none", remove_unused_columns=False,
         use_cpu=not cuda, bf16=cuda and torch.cuda.is_bf16_supported(), dataloader_num_workers=0,
         ddp_find_unused_parameters=False,
+        # the Trainer would read every step's loss on the host to drop NaN/inf from its running mean;
+        # SBDTrainer stops on a non-finite loss instead, checked without a read per step (_check_finite)
+        logging_nan_inf_filter=False,
     )
     if schedule == "cooldown":
         kw["lr_scheduler_kwargs"] = {"num_decay_steps": max(0, steps - warmup_steps),  # no stable phase
@@ -181,8 +193,17 @@ class SBDTrainer(Trainer):
         # logits only at labelled positions (both modes) and, on CPU with SDPA, causal attention for the
         # clean half (sbd/training/attention.py); False: the plain forward (same loss and gradients)
         self.fast_forward = True
+        # leave out the noisy blocks that hold no label (mode "sbd"; `SBDDataCollator.corrupt`): nothing else
+        # attends to them, so the loss and gradients are the same; False: every block, as the paper lays them out
+        self.drop_unlabelled = True
+        # no host read of a device value per step: labelled positions found on the host, batches copied
+        # without waiting (sbd/training/attention.py `labelled_rows`); None: on CUDA only (on a CPU a read
+        # costs nothing and the boolean logits_to_keep computes the head on fewer rows)
+        self.sync_free = None
         self.interrupted = False
+        self.stop_signal = None  # signal.SIGINT or SIGTERM when one of them stopped the run
         self._stop_requested = False
+        self._pending = []  # (step, "loss" | "gradient norm", value) not yet checked for NaN/inf (`_check_finite`)
         self._staging = None
         self._micro = 0
         self._stats = None
@@ -212,11 +233,22 @@ class SBDTrainer(Trainer):
         return (self.mode != "adapter" and self.args.device.type == "cuda"
                 and getattr(self.model.config, "_attn_implementation", "") == "flex_attention")
 
+    def _sync_free(self) -> bool:
+        return self.args.device.type == "cuda" if self.sync_free is None else bool(self.sync_free)
+
     def build_batch(self, clean: dict, step: int, micro: int = 0) -> dict:
         """The model batch of one padded micro-batch at optimisation step `step`."""
         c = self.sbd_collator
         if self.mode == "ntp":
-            batch = c.causal(clean)
+            flex = self._use_flex()
+            n = clean["input_ids"].shape[1]
+            batch = c.causal(clean, width=bucket_length(n) if flex else None)
+            if flex:  # the causal mask as our BlockMask (transformers would build one reading the padding mask)
+                from .flex import training_block_mask
+
+                zeros = torch.zeros_like(clean["lengths"])
+                batch["attention_mask"] = training_block_mask(clean["lengths"], zeros, zeros,
+                                                              batch["input_ids"].shape[1], 0, 1, self.args.device)
         else:
             k = self.block_size_for_step(step)
             m = c.noisy_length(clean, k)
@@ -228,13 +260,15 @@ class SBDTrainer(Trainer):
             windows = c.draw_windows(len(keys), c.block_count(clean, k), gens)
             flex = self._use_flex()
             batch = c.corrupt(clean, k, eta, u, dense_mask=not flex, block_noise=c.draw_block_noise(len(keys), m, gens),
-                              windows=windows)
+                              windows=windows, drop_unlabelled=self.mode == "sbd" and self.drop_unlabelled,
+                              length_to=bucket_length if flex else None)
             if flex:
                 from .flex import training_block_mask
 
+                n = batch["num_clean"]
                 batch["attention_mask"] = training_block_mask(
-                    clean["lengths"], c._origins(clean), c.noisy_lengths(clean, k), batch["num_clean"], m, k,
-                    self.args.device)
+                    clean["lengths"], c._origins(clean), c.noisy_lengths(clean, k), n, batch["input_ids"].shape[1] - n,
+                    k, self.args.device, layout=batch.pop("noisy_layout"))
             if self.mode == "adapter":  # the NTP head is frozen: no NTP targets; where each noisy token comes from
                 n = clean["input_ids"].shape[1]
                 batch["labels"][:, :n] = IGNORE
@@ -244,10 +278,16 @@ class SBDTrainer(Trainer):
                 if self.position_decay is not None:
                     batch["loss_weights"] = self._weights(batch["labels"], n, k)
         batch["num_tokens"] = clean["lengths"].sum()
+        if self.mode != "adapter":  # what the loss needs to know about the labels, found here on the host
+            batch["targets"], batch["target_clean"] = loss_targets(batch["labels"], batch["num_clean"])
+            if self._sync_free():
+                batch["label_positions"], batch["label_select"] = labelled_rows(batch["labels"])
         return batch
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
-        """The micro-batches of one optimisation step, built with that step's k, and their target count."""
+        """The micro-batches of one optimisation step, built with that step's k, and their target count.
+        On CUDA they are copied to the device here, without waiting (the Trainer's own copy would wait for
+        the device to finish the previous step)."""
         cleans = []
         for _ in range(num_batches):
             try:
@@ -256,7 +296,10 @@ class SBDTrainer(Trainer):
                 break
         step = self.state.global_step
         batches = [self.build_batch(c, step, i) for i, c in enumerate(cleans)]
-        return batches, self._get_num_items_in_batch(batches, device)
+        count = self._get_num_items_in_batch(batches, device)
+        if self._sync_free() and torch.device(device).type == "cuda":
+            batches = [{key: _to_device(v, device) for key, v in b.items()} for b in batches]
+        return batches, count
 
     def _weights(self, labels: torch.Tensor, num_clean: int, block_size: int) -> torch.Tensor:
         """(N,) loss weights of the labelled noisy positions, row-major (`loss.position_weights`)."""
@@ -267,9 +310,9 @@ class SBDTrainer(Trainer):
         if not batch_samples:
             return None
         if self.position_decay is not None:  # the weighted mean is over the step's total weight
-            count = sum(b["loss_weights"].sum() for b in batch_samples).to(device)
+            count = _to_device(sum(b["loss_weights"].sum() for b in batch_samples), device)
         else:
-            count = sum((b["labels"] != -100).sum() for b in batch_samples).to(device)
+            count = _to_device(sum((b["labels"] != -100).sum() for b in batch_samples), device)
         if self.args.world_size > 1:
             count = self.accelerator.gather(count).sum()
         return count
@@ -289,6 +332,8 @@ class SBDTrainer(Trainer):
         source = inputs.pop("source_positions", None)
         weights = inputs.pop("loss_weights", None)
         previous = inputs.pop("previous_tokens", None)
+        targets, target_clean = inputs.pop("targets", None), inputs.pop("target_clean", None)
+        positions, select = inputs.pop("label_positions", None), inputs.pop("label_select", None)
         kl = head = latent = None
         if self.mode == "adapter":  # two passes, the clean one without autograd (training/adapter_forward.py)
             frozen = torch.no_grad() if self.head_mode == "only" else contextlib.nullcontext()
@@ -310,8 +355,11 @@ class SBDTrainer(Trainer):
             logits = outputs.logits
         else:  # same loss and gradients, cheaper: see sbd/training/attention.py
             outputs = None
-            logits = training_logits(model, inputs, labels, num_clean if self.mode == "sbd" else None)
-        parts = sbd_loss(logits, labels, num_clean, num_items_in_batch, weights)
+            logits = training_logits(model, inputs, labels, num_clean if self.mode == "sbd" else None,
+                                     rows=(positions, select) if positions is not None else None,
+                                     num_labelled=targets.shape[0] if targets is not None else None)
+        parts = sbd_loss(logits, labels, num_clean, num_items_in_batch, weights, targets=targets,
+                         target_clean=target_clean)
         loss = parts.loss
         denominator = num_items_in_batch if num_items_in_batch is not None else (
             weights.sum() if weights is not None else (labels != IGNORE).sum())
@@ -324,10 +372,7 @@ class SBDTrainer(Trainer):
             loss = head.loss / denominator
         elif head is not None:
             loss = loss + self.head_weight * head.loss / denominator
-        if not torch.isfinite(loss.detach()):
-            last = ckpt.latest_checkpoint(self.args.output_dir)
-            raise SBDError(f"the loss became {loss.item()} at step {self.state.global_step + 1}; stopped. "
-                           f"Last good checkpoint: {last or 'none'} (try a lower learning rate)")
+        self._keep_for_check("loss", loss.detach())  # NaN/inf: read with the others, not now (_check_finite)
         if num_items_in_batch is not None and self.args.world_size > 1:
             loss = loss * self.args.world_size  # DDP averages gradients; the mean is over the global count
         zero = parts.ntp_sum * 0
@@ -340,6 +385,7 @@ class SBDTrainer(Trainer):
         return (loss, outputs) if return_outputs else loss
 
     def log(self, logs: dict, start_time=None) -> None:
+        self._check_finite()  # before a non-finite number reaches the log (or a checkpoint after it)
         if "loss" in logs and self._stats is not None:
             stats = self._stats
             if self.args.world_size > 1:
@@ -362,27 +408,81 @@ class SBDTrainer(Trainer):
             self._last_log = now
         super().log(logs, start_time)
 
+    # -- non-finite numbers -----------------------------------------------------------------------
+    def _get_grad_norm(self, model, grad_norm=None):
+        """Trainer's gradient norm of the step (before clipping), kept for `_check_finite` as it is: reading
+        it now would add a host read to every step."""
+        norm = super()._get_grad_norm(model, grad_norm)
+        if norm is not None:
+            self._keep_for_check("gradient norm", norm.detach() if torch.is_tensor(norm) else norm)
+        return norm
+
+    def _keep_for_check(self, what: str, value) -> None:
+        """A loss (every micro-batch) or gradient norm (every step) of the current step, for `_check_finite`."""
+        self._pending.append((self.state.global_step + 1, what, value))
+        if len(self._pending) >= 1024:  # rare logs and checkpoints: still one read per 1024 values, no more
+            self._check_finite()
+
+    def _check_finite(self) -> None:
+        """SBDError naming the first step since the last check whose loss or gradient norm was NaN or inf
+        (a step's loss before its gradient norm). Called before every log line and every checkpoint (one
+        host read for all the steps between them) and at the end, so that a non-finite state is never saved
+        and never reported as trained."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        device = next((v.device for _, _, v in pending if torch.is_tensor(v)), None)
+        values = torch.stack([torch.as_tensor(v, device=device).float().reshape(()) for _, _, v in pending]).tolist()
+        for (step, what, _), value in zip(pending, values):
+            if not math.isfinite(value):
+                raise self._nonfinite(what, value, step)
+
+    def _nonfinite(self, what: str, value: float, step: int) -> SBDError:
+        last = ckpt.latest_checkpoint(self.args.output_dir)
+        hints = [f"a lower learning rate (--lr, now {self.args.learning_rate:g})"]
+        for name, weight in (("latent-weight", self.latent_weight), ("kl-weight", self.kl_weight)):
+            if weight:
+                hints.append(f"a lower --{name} (now {weight:g})")
+        return SBDError(f"the {what} became {value} at step {step}; stopped, nothing saved after it. Last good "
+                        f"checkpoint: {last or 'none'} (try {', or '.join(hints)})")
+
     # -- stopping and checkpoints ----------------------------------------------------------------
     def request_stop(self) -> None:
         """Save a checkpoint after the current optimisation step and stop (what Ctrl-C does)."""
         self._stop_requested = True
 
     def train(self, *args, **kwargs):
+        """Trainer's train, with Ctrl-C (SIGINT) and SIGTERM turned into: save a checkpoint after the current
+        optimisation step, then stop (`interrupted`, `stop_signal`). A Ctrl-C after that stops at once; a repeated
+        SIGTERM is ignored (a launcher such as torchrun forwards the SIGTERM its process group got too) and
+        must not cut the checkpoint short. Ends with `_check_finite`."""
         self.interrupted = False
+        self.stop_signal = None
         self._stop_requested = False
+        self._pending = []
         self._last_log = time.perf_counter()
-        previous = None
+        previous = {}
         if threading.current_thread() is threading.main_thread():
             def on_sigint(signum, frame):
-                if self._stop_requested:  # a second Ctrl-C stops at once
+                if self._stop_requested:  # a Ctrl-C after a stop request stops at once
                     raise KeyboardInterrupt
                 self._stop_requested = True
-            previous = signal.signal(signal.SIGINT, on_sigint)
+                self.stop_signal = self.stop_signal or signal.SIGINT
+
+            def on_sigterm(signum, frame):
+                self._stop_requested = True
+                self.stop_signal = self.stop_signal or signal.SIGTERM
+
+            for sig, handler in ((signal.SIGINT, on_sigint), (signal.SIGTERM, on_sigterm)):
+                previous[sig] = signal.signal(sig, handler)
         try:
-            return super().train(*args, **kwargs)
+            result = super().train(*args, **kwargs)
+            self._check_finite()
+            return result
         finally:
-            if previous is not None:
-                signal.signal(signal.SIGINT, previous)
+            for sig, handler in previous.items():
+                if handler is not None:  # None: a handler not installed from Python, which cannot be put back
+                    signal.signal(sig, handler)
 
     def _save(self, output_dir=None, state_dict=None):
         """Adapter mode: the adapter alone (peft's two files) and the tokenizer; else Trainer's save."""
@@ -414,6 +514,7 @@ class SBDTrainer(Trainer):
 
     def _save_checkpoint(self, model, trial):
         """Trainer's checkpoint, written into a staging folder and renamed into place when complete."""
+        self._check_finite()  # never a checkpoint of a state reached through a NaN/inf gradient
         run_dir = self.args.output_dir
         name = f"checkpoint-{self.state.global_step}"
         if self.args.should_save:
@@ -435,6 +536,16 @@ class SBDTrainer(Trainer):
             ckpt.publish(run_dir, name)
             ckpt.rotate(run_dir, self.args.save_total_limit)
         self.accelerator.wait_for_everyone()
+
+
+def _to_device(value, device):
+    """A host tensor on `device`; to CUDA from pinned memory without waiting for the device (a plain copy
+    from pageable memory synchronises the stream first)."""
+    if not torch.is_tensor(value) or value.device == torch.device(device):
+        return value
+    if value.device.type == "cpu" and torch.device(device).type == "cuda":
+        return value.pin_memory().to(device, non_blocking=True)
+    return value.to(device)
 
 
 def cpu_computes_bf16() -> bool:
