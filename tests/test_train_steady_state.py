@@ -250,15 +250,6 @@ def count_reads(monkeypatch):
             return _original(self, *a, **k)
 
         monkeypatch.setattr(torch.Tensor, name, wrapped)
-    getitem = torch.Tensor.__getitem__
-
-    def indexed(self, index):
-        parts = index if isinstance(index, tuple) else (index,)
-        if any(torch.is_tensor(p) and p.dtype == torch.bool for p in parts):
-            note("boolean index")
-        return getitem(self, index)
-
-    monkeypatch.setattr(torch.Tensor, "__getitem__", indexed)
     for name in ("nonzero", "masked_select", "argwhere"):
         original = getattr(torch, name)
 
@@ -267,7 +258,20 @@ def count_reads(monkeypatch):
             return _original(*a, **k)
 
         monkeypatch.setattr(torch, name, wrapped_fn)
-    return counter
+
+    class BooleanIndex(torch.overrides.TorchFunctionMode):
+        """Indexing by a boolean tensor (seen through a mode: assigning Tensor.__getitem__ would leave tensors
+        looking like sequences to torch.tensor for the rest of the session)."""
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is torch.Tensor.__getitem__:
+                parts = args[1] if isinstance(args[1], tuple) else (args[1],)
+                if any(torch.is_tensor(p) and p.dtype == torch.bool for p in parts):
+                    note("boolean index")
+            return func(*args, **(kwargs or {}))
+
+    with BooleanIndex():
+        yield counter
 
 
 def _step_reads(trainer, batch, count_reads):
