@@ -83,7 +83,7 @@ class ForwardRecord:
 
 
 CAUSAL_BLOCKS = False  # the default of `Engine.causal_blocks` (benchmarks/vllm/causal_masks.py sets it)
-ATTENTION_DEFAULT = "auto"  # the default of `Engine(attention=None)`: what `sbd bench --attention` compares
+ATTENTION_DEFAULT = "auto"  # the default of `Engine(attention=None)` (tests/test_attention.py compares "dense")
 
 
 def columns(n_real: torch.Tensor, width: int) -> torch.Tensor:
@@ -197,6 +197,7 @@ class Engine:
         self.routed = attention == "auto" and supports(model)
         self.fold = fold_for(self.device, head_groups(model)) if self.routed else 1
         self.flash = self.routed and flash_causal(model)
+        self.dtype = model.get_input_embeddings().weight.dtype  # a folded mask's dtype (read once, not per step)
         self.plans: Counter = Counter()  # forwards per attention plan ("dense" when not routed)
 
     # -- rows ----------------------------------------------------------------------------------------
@@ -308,7 +309,7 @@ class Engine:
         extra = {}
         if self.routed:
             layout = (uniform_plan(lengths[0], feeds[0].n_commit, width, self.causal_blocks, self.flash, dev) if uniform
-                      else rows_plan(mask, self.fold, self.model.get_input_embeddings().weight.dtype))
+                      else rows_plan(mask, self.fold, self.dtype))
             extra["sbd_layout"] = layout
         self.plans[extra["sbd_layout"].plan if self.routed else "dense"] += 1
         write_at = L[:, None] + torch.where(j >= 0, j, j + width)  # padding writes after the row's real tokens
