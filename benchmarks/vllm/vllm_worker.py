@@ -41,6 +41,9 @@ def build(mode: str, args):
 
         s = engine_settings(args.model, args.adapter)
         kw.update(hf_overrides=s["hf_overrides"], speculative_config=s["speculative_config"])
+        for item in args.sbd_override:  # e.g. sbd_masks=0 with sbd_lookup=false: never draft (plain steps)
+            key, value = item.split("=", 1)
+            kw["hf_overrides"][key] = json.loads(value)
     elif mode == "ngram":
         kw["speculative_config"] = {"method": "ngram", "num_speculative_tokens": args.ngram_tokens,
                                     "prompt_lookup_max": 3, "prompt_lookup_min": 2}
@@ -67,6 +70,8 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--ngram-tokens", type=int, default=8)
     ap.add_argument("--dtype", default=None, help="vLLM's dtype (default: its own, bfloat16 on this CPU)")
+    ap.add_argument("--sbd-override", action="append", default=[],
+                    help="mode sbd: a plug-in setting as KEY=JSON (hf_overrides), e.g. sbd_masks=0; repeatable")
     args = ap.parse_args()
     modes = args.mode.split(",")
     if not modes or any(m not in ("plain", "ngram", "sbd") for m in modes) or len(set(modes)) != len(modes):

