@@ -402,6 +402,14 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
+def _signal_and_wait(proc, sig) -> tuple[int, float]:
+    """Send `sig`; (exit status, seconds from the signal to the exit)."""
+    t = time.monotonic()
+    proc.send_signal(sig)
+    rc = proc.wait(timeout=60)
+    return rc, time.monotonic() - t
+
+
 def _child_of(pid: int) -> int:
     children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     return int(children[0])
@@ -415,14 +423,10 @@ def test_ctrl_c_during_start_up_ends_it_within_seconds(vllm_python, flat_folder,
     try:
         _wait_for(lambda: "(EngineCore pid=" in log.read_text(), 300, "engine start", proc)  # mid start-up
         vllm = _child_of(proc.pid)
-        t = time.monotonic()
-        proc.send_signal(signal.SIGINT)
         if presses == 2:
-            _wait_for(lambda: "sbd: stopping vLLM" in log.read_text(), 10, "stopping line", proc)
-            t = time.monotonic()
             proc.send_signal(signal.SIGINT)
-        rc = proc.wait(timeout=60)
-        took = time.monotonic() - t
+            _wait_for(lambda: "sbd: stopping vLLM" in log.read_text(), 10, "stopping line", proc)
+        rc, took = _signal_and_wait(proc, signal.SIGINT)
     finally:
         proc.kill()
     text = log.read_text()
@@ -479,10 +483,7 @@ def test_in_bfloat16_greedy_by_default_no_dtype_warnings_and_sigterm_ends_an_ope
             done.set()
         threading.Thread(target=stream, daemon=True).start()
         _wait_for(lambda: len(lines) >= 5, 120, "streamed chunks", proc)
-        t = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        rc = proc.wait(timeout=60)
-        took = time.monotonic() - t
+        rc, took = _signal_and_wait(proc, signal.SIGTERM)
     finally:
         proc.kill()
     text = log.read_text()

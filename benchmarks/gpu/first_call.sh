@@ -68,22 +68,9 @@ mkdir -p "$OUT"
 WORK=$(mktemp -d)
 LOG="$OUT/log.txt"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 MPLBACKEND=Agg SBD_CACHE="$WORK/cache"
-printf 'step\texit\tseconds\tlimit\n' > "$OUT/steps.tsv"
-pack() {  # all results so far, replaced atomically (a cut call leaves the last complete pack)
-    tar czf "$OUT/results.tgz.part" -C "$WORK" --exclude=./cache --exclude='*.safetensors' --exclude='checkpoint-*' . \
-        2>/dev/null && mv "$OUT/results.tgz.part" "$OUT/results.tgz"
-}
-step() {  # step NAME SECONDS COMMAND...: run under a limit, log it, record its exit, pack, never stop the script
-    local name=$1 limit=$2 start rc
-    shift 2
-    start=$(date +%s)
-    echo "== $name ($(date -u +%H:%M:%S), limit ${limit}s): $*" | tee -a "$LOG"
-    timeout --kill-after=5 "$limit" "$@" >>"$LOG" 2>&1
-    rc=$?
-    printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$(($(date +%s) - start))" "$limit" >> "$OUT/steps.tsv"
-    echo "== $name: exit $rc after $(($(date +%s) - start))s" | tee -a "$LOG"
-    pack
-}
+PACK_EXCLUDE=(./cache '*.safetensors' 'checkpoint-*')
+# shellcheck source=benchmarks/gpu/steps.sh
+. benchmarks/gpu/steps.sh
 test_files() {  # (run under `timeout` through bash -c) each file in its own process, $JOBS at once, a log each
     mkdir -p "$WORK/tests"
     xargs -P "$JOBS" -I{} bash -c '

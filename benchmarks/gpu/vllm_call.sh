@@ -36,22 +36,9 @@ mkdir -p "$OUT"
 WORK=$(mktemp -d)
 LOG="$OUT/log.txt"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 SBD_CACHE="$WORK/cache"
-printf 'step\texit\tseconds\tlimit\n' > "$OUT/steps.tsv"
-pack() {
-    tar czf "$OUT/results.tgz.part" -C "$WORK" --exclude=./model --exclude=./cache . 2>/dev/null \
-        && mv "$OUT/results.tgz.part" "$OUT/results.tgz"
-}
-step() {  # step NAME SECONDS COMMAND...: run under a limit, log it, record its exit, pack; never stop the script
-    local name=$1 limit=$2 start rc
-    shift 2
-    start=$(date +%s)
-    echo "== $name ($(date -u +%H:%M:%S), limit ${limit}s): $*" | tee -a "$LOG"
-    timeout --kill-after=5 "$limit" "$@" >>"$LOG" 2>&1
-    rc=$?
-    printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$(($(date +%s) - start))" "$limit" >> "$OUT/steps.tsv"
-    echo "== $name: exit $rc after $(($(date +%s) - start))s" | tee -a "$LOG"
-    pack
-}
+PACK_EXCLUDE=(./model ./cache)
+# shellcheck source=benchmarks/gpu/steps.sh
+. benchmarks/gpu/steps.sh
 run() {  # run NAME ARGS...: tests/vllm/run_vllm.py on the model and prompts, result in $WORK/NAME.json
     local name=$1
     shift
