@@ -28,7 +28,7 @@ import httpx
 import psutil
 
 import sbd
-from sbd.decoding.generate import context_limit
+from sbd.models.facts import context_limit
 
 
 def free_port() -> int:

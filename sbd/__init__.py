@@ -6,7 +6,7 @@ Where things live (imports point one way, down this list):
   sbd.evaluation   accuracy / NFE / wall-clock of decoding; the teacher-forced convergence check
   sbd.benchmarking sbd bench, forward-cost timing, the roofline (the paper's and a corrected one)
   sbd.training     the SBD recipe: collator, loss, SBDTrainer, `train(TrainConfig)`
-  sbd.decoding     `generate`, the NTP and SBD loops, the KV cache
+  sbd.decoding     `generate`, `DecodeSpec` (how to decode, resolved in one place), the rows, the KV cache
   sbd.models       `load`, the conformance probe, `add_mask_token`, tiny random models
   sbd.tasks        seeded reasoning tasks with worked solutions and their scorers
   sbd.sampler, sbd.masks   the EB rule and the attention masks (the method's two rules); sbd.modes
@@ -15,12 +15,12 @@ Where things live (imports point one way, down this list):
 from ._version import __version__  # noqa: F401 (sbd.__version__)
 from .errors import SBDError
 
-__all__ = ["GenerationResult", "SBDDataCollator", "SBDError", "SBDTrainer", "add_mask_token", "generate", "load",
+__all__ = ["DecodeSpec", "GenerationResult", "SBDDataCollator", "SBDError", "SBDTrainer", "add_mask_token", "generate", "load",
            "masks", "sampler"]
 
 # The public names load on first use: `import sbd` stays light (the console command takes over Ctrl-C
 # before torch is imported), and importing transformers.Trainer (SBDTrainer) takes seconds.
-_LAZY = {"GenerationResult": "decoding", "generate": "decoding", "add_mask_token": "models", "load": "models",
+_LAZY = {"DecodeSpec": "decoding", "GenerationResult": "decoding", "generate": "decoding", "add_mask_token": "models", "load": "models",
          "SBDDataCollator": "training", "SBDTrainer": "training.trainer", "masks": None, "sampler": None}
 
 

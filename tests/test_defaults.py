@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import argparse
 
+import torch
+
 import pytest
 from conftest import _model, attach_random_adapter, hf_greedy
 
 import sbd
 from sbd import adapter as adapters
-from sbd.decoding.defaults import GENERAL, PLAIN, VerifySettings, model_defaults, resolve
+from sbd.decoding.defaults import GENERAL, PLAIN, VerifySettings, model_defaults
+from sbd.decoding.spec import DecodeSpec
+from sbd.models.facts import ModelFacts
 from sbd.errors import SBDError
 
 PROMPT = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6, 7]  # repeats: prompt lookup finds matches
@@ -71,11 +75,12 @@ def test_sampling_and_other_methods_take_the_plain_settings():
     model = fresh(record={"draft": "adaptive", "lookup": True, "tree": [2]})
     r = sbd.generate(model, None, [PROMPT], method="sbd-verify", max_new_tokens=8, temperature=0.8, seed=1)
     assert r.settings == PLAIN
-    assert resolve(model, method="sbd", temperature=0.0) == PLAIN
-    assert resolve(model, method="ntp", temperature=0.0) == PLAIN
+    assert DecodeSpec.resolve(model, method="sbd").settings is None  # the other methods: no drafting settings
+    assert (DecodeSpec.resolve(model, method="ntp").draft, DecodeSpec.resolve(model, method="ntp").lookup) == (
+        PLAIN.draft, PLAIN.lookup)
     # draft="eb" takes neither lookup nor a tree; fixed shapes take no tree
-    assert resolve(model, method="sbd-verify", temperature=0.0, draft="eb") == VerifySettings("eb", False, 16, None)
-    assert resolve(model, method="sbd-verify", temperature=0.0, fixed_shapes=True).tree is None
+    assert DecodeSpec.resolve(model, method="sbd-verify", draft="eb").settings == VerifySettings("eb", False, 16, None)
+    assert DecodeSpec.resolve(model, method="sbd-verify", static_shapes=True).tree is None
 
 
 @pytest.mark.parametrize("record, words", [
@@ -99,6 +104,9 @@ def test_the_record_survives_save_and_load(tmp_path):
     other = _model.__wrapped__("llama")
     adapters.load(other, tmp_path / "ad")
     assert model_defaults(other) == VerifySettings("block", True, 16, (2, 1))
+
+
+FACTS = ModelFacts(context=None, vocab=400, mask_id=399, block_size=4, eos_ids=(), device=torch.device("cpu"))
 
 
 def test_cli_options_mean_the_default_when_left_out():
@@ -126,7 +134,7 @@ def test_server_requests_take_the_server_defaults_and_may_switch_them():
         "adaptive", False, 16, None)
 
     def opts(**fields):
-        return options(CompletionRequest(prompt="x", **fields), limits, 4, 400, None, defaults)
+        return options(CompletionRequest(prompt="x", **fields), limits, FACTS, defaults).spec
 
     o = opts()
     assert (o.draft, o.lookup, o.lookup_max, o.tree) == ("block", True, 16, (2,))
@@ -204,7 +212,7 @@ def test_generate_reports_no_settings_for_other_methods():
 
 
 def test_a_full_model_may_record_its_block_size():
-    from sbd.decoding.generate import default_block_size
+    from sbd.models.facts import default_block_size
 
     model = _model.__wrapped__("llama")
     assert default_block_size(model) == 16  # nothing recorded
@@ -259,6 +267,6 @@ def test_server_requests_of_an_untrained_model_fall_back_unless_they_choose_a_dr
     model = _model.__wrapped__("llama")
     defaults = server_defaults(model, Limits())
     assert defaults.fallback and not server_defaults(model, Limits(draft="block")).fallback
-    assert options(CompletionRequest(prompt="x"), Limits(), 4, 400, None, defaults).fallback
-    assert not options(CompletionRequest(prompt="x", draft="block"), Limits(), 4, 400, None, defaults).fallback
-    assert not options(CompletionRequest(prompt="x", temperature=0.5), Limits(), 4, 400, None, defaults).fallback
+    assert options(CompletionRequest(prompt="x"), Limits(), FACTS, defaults).spec.fallback
+    assert not options(CompletionRequest(prompt="x", draft="block"), Limits(), FACTS, defaults).spec.fallback
+    assert not options(CompletionRequest(prompt="x", temperature=0.5), Limits(), FACTS, defaults).spec.fallback

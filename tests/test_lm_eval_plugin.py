@@ -227,10 +227,10 @@ def test_anchored_plain_sbd_is_a_model_argument(tokenizer):
 
 
 def test_the_default_method_is_sbd_generates(tokenizer):
-    import inspect
+    from sbd.decoding.spec import DecodeSpec
 
     lm = SBDLM(pretrained=_model("llama"), tokenizer=tokenizer, device=str(DEVICE))
-    assert lm.method == inspect.signature(generate).parameters["method"].default == "sbd-verify"
+    assert lm.method == DecodeSpec().method == "sbd-verify"
 
 
 def test_an_adapter_argument_goes_with_a_folder_only(tokenizer):

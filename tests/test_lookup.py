@@ -93,7 +93,7 @@ def test_lookup_misuse_is_refused_in_one_line(llama):
                dict(method="sbd-verify", draft="eb")):
         with pytest.raises(sbd.SBDError, match="lookup=True applies to method='sbd-verify'"):
             sbd.generate(llama, None, p, lookup=True, **kw)
-    with pytest.raises(sbd.SBDError, match="lookup is True or False"):
+    with pytest.raises(sbd.SBDError, match="lookup is true or false"):
         sbd.generate(llama, None, p, method="sbd-verify", lookup="yes")
 
 

@@ -21,6 +21,7 @@ from sbd import adapter as adapters
 from sbd.decoding import lookup, trees
 from sbd.decoding.engine import Engine
 from sbd.decoding.rows import VerifyRow, make_row
+from sbd.decoding.spec import DecodeSpec
 
 
 def scan_lookup(seq, cap, ngrams=(3, 2)):
@@ -204,8 +205,8 @@ def test_no_forward_is_wider_than_the_rows_room(llama, kw, cheap_width):
     widths = []
     out = sbd.generate(llama, None, prompts, method="sbd-verify", block_size=3, max_new_tokens=40, lookup=True,
                        lookup_max=24, observer=lambda rec: widths.append(max(rec.reals)), **kw)
-    row = make_row("sbd-verify", [5], mask_id=MASK, block_size=3, lookup=True, lookup_max=24, max_new=40,
-                   tree=kw.get("tree"))
+    row = make_row(DecodeSpec(block_size=3, lookup=True, lookup_max=24, max_new_tokens=40, tree=kw.get("tree")),
+                   [5], mask_id=MASK)
     assert max(widths[1:]) <= row.needs_extra and max(max(a) for a in out.accepted) > 2
     assert out.token_ids == [hf_greedy(llama, p, 40) for p in prompts]
 
@@ -261,13 +262,13 @@ def test_a_bad_lookup_max_is_refused_in_one_line(llama, bad):
         sbd.generate(llama, None, [[5, 6, 7]], method="sbd-verify", lookup=True, lookup_max=bad, max_new_tokens=4)
     assert "\n" not in str(e.value)
     with pytest.raises(sbd.SBDError, match="lookup_max must be an integer >= 1"):
-        make_row("sbd-verify", [5, 6], mask_id=MASK, lookup=True, lookup_max=bad, max_new=4)
+        DecodeSpec.check(method="sbd-verify", lookup=True, lookup_max=bad, max_new_tokens=4)
 
 
 def test_a_cap_too_wide_for_an_engine_is_refused_in_one_line(llama):
     engine = Engine(llama, slots=2, capacity=200, max_width=33)
-    engine.add(make_row("sbd-verify", [5, 6], mask_id=MASK, block_size=16, lookup=True, max_new=20))  # fits
-    wide = make_row("sbd-verify", [5, 6], mask_id=MASK, block_size=16, lookup=True, lookup_max=64, max_new=20)
+    engine.add(make_row(DecodeSpec(block_size=16, lookup=True, max_new_tokens=20), [5, 6], mask_id=MASK))  # fits
+    wide = make_row(DecodeSpec(block_size=16, lookup=True, lookup_max=64, max_new_tokens=20), [5, 6], mask_id=MASK)
     with pytest.raises(sbd.SBDError, match="up to 65 tokens wide; this engine's are at most 33") as e:
         engine.add(wide)
     assert "\n" not in str(e.value) and engine.live == 1

@@ -124,7 +124,7 @@ def test_settings_that_would_be_silently_odd_are_refused(plain, kw, words):
 
 @pytest.mark.parametrize("argv, words", [
     (["--block-size", "33"], "largest block size a request may ask (32)"),
-    (["--no-lookup", "--lookup-max", "4"], "no effect with --no-lookup"),
+    (["--no-lookup", "--lookup-max", "4"], "--lookup-max sets the longest prompt-lookup draft, but lookup is off"),
 ])
 def test_serve_refuses_a_configuration_its_requests_would_trip_on(capsys, argv, words):
     pytest.importorskip("fastapi")
@@ -159,9 +159,10 @@ def _free_port() -> int:
 
 def _options(**fields):
     from sbd.serving.config import Limits
+    from sbd.models.facts import ModelFacts
     from sbd.serving.protocol import CompletionRequest, options
 
-    return options(CompletionRequest(prompt="x", **fields), Limits(), 4, 400, None)
+    return options(CompletionRequest(prompt="x", **fields), Limits(), ModelFacts(context=None, vocab=400, mask_id=399, block_size=4, eos_ids=(), device=torch.device("cpu")))
 
 
 @pytest.mark.parametrize("fields, param", [
@@ -186,17 +187,18 @@ def test_request_fields_nothing_would_read_are_a_400_naming_them(fields, param):
 
 def test_request_fields_that_are_read_pass():
     pytest.importorskip("fastapi")
-    assert _options(method="sbd", gamma=0.5).gamma == 0.5
-    assert _options(method="sbd-verify", draft="eb", gamma=0.2, proxy="margin").proxy == "margin"
-    assert _options(logit_bias={"5": 1.0}).logit_bias == {5: 1.0}
+    assert _options(method="sbd", gamma=0.5).spec.gamma == 0.5
+    assert _options(method="sbd-verify", draft="eb", gamma=0.2, proxy="margin").spec.proxy == "margin"
+    assert _options(logit_bias={"5": 1.0}).spec.processing.logit_bias == {5: 1.0}
 
 
 def test_a_request_omitting_block_size_is_never_refused_for_the_servers_own_default():
     pytest.importorskip("fastapi")
     from sbd.serving.config import Limits
+    from sbd.models.facts import ModelFacts
     from sbd.serving.protocol import CompletionRequest, options
 
-    assert options(CompletionRequest(prompt="x"), Limits(), 48, 400, None).block_size == 48
+    assert options(CompletionRequest(prompt="x"), Limits(), ModelFacts(context=None, vocab=400, mask_id=399, block_size=48, eos_ids=(), device=torch.device("cpu"))).spec.block_size == 48
 
 
 def test_n_beyond_the_queue_is_a_400_not_a_retry_later():
@@ -257,7 +259,7 @@ def test_the_server_refuses_plain_sbd_per_request_for_a_drafter_not_trained_for_
 
     async def jobs(method, **fields):
         opts = options(CompletionRequest(prompt="x", method=method, max_tokens=4, **fields), server.limits,
-                       server.default_block, server.vocab, server.mask_id, server.defaults)
+                       server.facts, server.defaults)
         return server.jobs([5, 6, 7], opts)
 
     with pytest.raises(APIError) as e:

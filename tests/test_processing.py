@@ -21,6 +21,7 @@ from sbd import adapter as adapters
 from sbd.decoding.engine import Engine
 from sbd.decoding.processing import Processing, nucleus, target_probs
 from sbd.decoding.rows import make_row
+from sbd.decoding.spec import DecodeSpec
 from sbd.models import tiny
 
 N = 16
@@ -227,8 +228,8 @@ def test_rows_with_different_processing_batched_equal_alone(model):
     ]
 
     def rows():
-        return [make_row(m, p, mask_id=MASK_ID(model), block_size=4, max_new=N, eos=[model.config.eos_token_id],
-                         temperature=t, seed=100 + i, processing=proc)
+        return [make_row(DecodeSpec(method=m, block_size=4, max_new_tokens=N, temperature=t, processing=proc), p,
+                         mask_id=MASK_ID(model), eos=[model.config.eos_token_id], seed=100 + i)
                 for i, ((m, t, proc), p) in enumerate(zip(specs, prompts))]
 
     batch = _run(model, rows())
@@ -329,8 +330,8 @@ def test_one_host_read_per_forward_with_processors(llama, count_reads, method): 
 
 
 @pytest.mark.parametrize("kw,match", [
-    (dict(method="sbd", logit_bias={5: 1.0}), "apply to method='ntp' or 'sbd-verify'"),
-    (dict(method="sbd", logprobs=1), "apply to method='ntp' or 'sbd-verify'"),
+    (dict(method="sbd", logit_bias={5: 1.0}), "apply to method='ntp' or method='sbd-verify'"),
+    (dict(method="sbd", logprobs=1), "apply to method='ntp' or method='sbd-verify'"),
     (dict(method="ntp", logit_bias={10_000: 1.0}), "logit_bias token id 10000 lies outside"),
     (dict(method="ntp", logit_bias={-1: 1.0}), "logit_bias token id -1 lies outside"),
     (dict(method="ntp", logit_bias={5: 101}), r"logit_bias\[5\] must be a number from -100 to 100"),
@@ -354,8 +355,9 @@ def test_processing_defaults_and_make_row():
     assert Processing().is_default and not Processing(top_p=1).changes_logits
     assert Processing(logprobs=0).changes_logits is False and not Processing(logprobs=0).is_default
     assert Processing(logit_bias={"50": -100}).logit_bias == {50: -100.0}  # JSON keys are strings
-    with pytest.raises(sbd.SBDError, match="apply to method='ntp' or 'sbd-verify'"):
-        make_row("sbd", [5, 6], mask_id=3, max_new=4, processing=Processing(top_p=0.5))
-    assert make_row("sbd", [5, 6], mask_id=3, max_new=4, processing=Processing()).processing is None
+    with pytest.raises(sbd.SBDError, match="apply to method='ntp' or method='sbd-verify'"):
+        DecodeSpec.check(method="sbd", max_new_tokens=4, processing=Processing(top_p=0.5))
+    assert make_row(DecodeSpec(method="sbd", max_new_tokens=4, processing=Processing()), [5, 6],
+                    mask_id=3).processing is None
     model = _model("llama")
     assert sbd.generate(model, None, [[5, 6]], method="sbd", max_new_tokens=4, top_p=1.0).logprobs is None

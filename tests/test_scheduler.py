@@ -16,6 +16,7 @@ from transformers import DynamicCache
 
 from sbd.decoding.engine import Engine
 from sbd.decoding.rows import make_row
+from sbd.decoding.spec import DecodeSpec
 from sbd.models.cache_arg import with_cache
 
 from conftest import attach_random_adapter, _model
@@ -38,9 +39,12 @@ def _new_row(model, rng: random.Random, vocab: int):
 
 def _make(model, spec):
     eos = [model.config.eos_token_id]
-    return make_row(spec["method"], spec["prompt"], mask_id=model.config.sbd_mask_token_id, block_size=BLOCK,
-                    max_new=spec["max_new"], eos=eos, temperature=spec["temperature"], seed=spec["seed"],
-                    **spec["kw"])
+    kw = dict(spec["kw"])
+    cost = kw.pop("cost", None)
+    decode = DecodeSpec(method=spec["method"], block_size=BLOCK, max_new_tokens=spec["max_new"],
+                        temperature=spec["temperature"], **kw)
+    return make_row(decode, spec["prompt"], mask_id=model.config.sbd_mask_token_id, eos=eos, seed=spec["seed"],
+                    cost=cost)
 
 
 def _alone(model, spec):

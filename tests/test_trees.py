@@ -24,6 +24,7 @@ from sbd.decoding.cache import SlotLayer
 from sbd.models.cache_arg import with_cache
 from sbd.decoding.engine import Engine, Feed
 from sbd.decoding.rows import NTPRow, VerifyRow, make_row
+from sbd.decoding.spec import DecodeSpec
 from sbd.masks import tree_mask
 
 ARCHS = ["llama", "qwen2", "qwen3", "mistral"]
@@ -389,13 +390,13 @@ def test_batch_equals_alone_with_trees_beside_other_rows(prefill):
 
         def rows():
             return [_planted(model, prompts[0], refs[0], seed=1),
-                    make_row("sbd-verify", prompts[1], mask_id=mask, block_size=4, tree=(3, 2, 1), max_new=20,
+                    make_row(DecodeSpec(block_size=4, tree=(3, 2, 1), max_new_tokens=20), prompts[1], mask_id=mask,
                              eos=eos),
-                    make_row("ntp", prompts[2], mask_id=mask, max_new=13, eos=eos),
+                    make_row(DecodeSpec(method="ntp", max_new_tokens=13), prompts[2], mask_id=mask, eos=eos),
                     _planted(model, prompts[3], refs[3], seed=2),
-                    make_row("sbd-verify", prompts[4], mask_id=mask, block_size=4, max_new=17, eos=eos),
-                    make_row("sbd-verify", prompts[5] * 3, mask_id=mask, block_size=4, tree=(2,), lookup=True,
-                             max_new=20, eos=eos)]
+                    make_row(DecodeSpec(block_size=4, max_new_tokens=17), prompts[4], mask_id=mask, eos=eos),
+                    make_row(DecodeSpec(block_size=4, tree=(2,), lookup=True, max_new_tokens=20), prompts[5] * 3,
+                             mask_id=mask, eos=eos)]
         batch = _decode(model, rows(), prefill=prefill, slots=4)
         for i, row in enumerate(batch):
             alone = _decode(model, [rows()[i]], check=False)[0]
@@ -507,7 +508,7 @@ def test_rows_refuse_a_sampled_or_eb_tree_in_one_line():
     with pytest.raises(sbd.SBDError, match="draft='eb'"):
         VerifyRow([5, 6], block_size=4, mask_id=31, tree=(2,), max_new=8, eb_gamma=0.3)
     with pytest.raises(sbd.SBDError, match="method='sbd-verify'"):
-        make_row("sbd", [5, 6], mask_id=31, tree=(2,), max_new=8)
+        DecodeSpec.check(method="sbd", tree=(2,), max_new_tokens=8)
 
 
 def test_command_line_tree(tmp_path, capsys):
@@ -521,4 +522,4 @@ def test_command_line_tree(tmp_path, capsys):
     assert main(args + ["--tree", "3,0", "x"]) == 2
     assert "tree is a list of" in capsys.readouterr().err
     assert main(args + ["--tree", "2", "--temperature", "0.5", "x"]) == 2
-    assert "tree applies to method='sbd-verify' with greedy" in capsys.readouterr().err
+    assert "--tree applies to --method sbd-verify with greedy" in capsys.readouterr().err  # as the command writes it

@@ -169,10 +169,12 @@ def test_the_server_refuses_block_size_with_ntp():
     from sbd.serving.errors import APIError
     from sbd.serving.protocol import CompletionRequest, options
 
+    FACTS = __import__('sbd.models.facts').models.facts.ModelFacts(context=None, vocab=400, mask_id=399, block_size=4, eos_ids=(), device=__import__('torch').device("cpu"))
+
     with pytest.raises(APIError) as e:
-        options(CompletionRequest(prompt="x", method="ntp", block_size=4), Limits(), 4, 400, None)
+        options(CompletionRequest(prompt="x", method="ntp", block_size=4), Limits(), FACTS)
     assert e.value.param == "block_size" and "ntp" in e.value.message
-    assert options(CompletionRequest(prompt="x", method="sbd", block_size=4), Limits(), 4, 400, None).block_size == 4
+    assert options(CompletionRequest(prompt="x", method="sbd", block_size=4), Limits(), FACTS).spec.block_size == 4
 
 
 # distill --adopt: answers made with another temperature or seed are not taken as this run's

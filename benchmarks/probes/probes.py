@@ -335,7 +335,7 @@ class Offline:
 
         import torch
 
-        from sbd.decoding.generate import default_eos_ids
+        from sbd.models.facts import default_eos_ids
 
         self.ready.wait()
         eos = set(default_eos_ids(self.model, self.tok))

@@ -22,7 +22,8 @@ from typing import Sequence
 
 import torch
 
-from ..decoding.generate import check_prompt_ids, default_eos_ids, encode_prompts, generate
+from ..decoding.generate import check_prompt_ids, encode_prompts, generate
+from ..models.facts import default_eos_ids
 from ..errors import SBDError
 from ..models.narrow_linear import linear_layers, uses_narrow_linear
 from ..modes import eval_mode

@@ -20,7 +20,8 @@ import torch
 from ..adapter import gated
 from ..decoding.attention import flash_causal, fold_for, head_groups, routed, rows_plan, supports, uniform_plan
 from ..decoding.cache import crop, slab_cache
-from ..decoding.generate import compiled, context_limit
+from ..decoding.generate import compiled
+from ..models.facts import context_limit
 from ..errors import SBDError
 from ..masks import inference_mask
 from ..models.cache_arg import with_cache

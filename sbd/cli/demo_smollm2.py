@@ -19,8 +19,9 @@ def run_smollm2_demo(n: int = 2, gamma: float = 0.35, block_size: int | None = N
     from ..adapter import adapter_of
     from ..benchmarking.bench import _hf_generate
     from ..decoding import generate
-    from ..decoding.defaults import resolve
-    from ..decoding.generate import default_eos_ids, encode_prompts
+    from ..decoding.spec import DecodeSpec
+    from ..decoding.generate import encode_prompts
+    from ..models.facts import default_eos_ids
     from ..models.loading import load
     from ..models.narrow_linear import linear_layers
     from ..sampler_head import head_of
@@ -49,7 +50,7 @@ def run_smollm2_demo(n: int = 2, gamma: float = 0.35, block_size: int | None = N
             return r.token_ids[0], r.nfe[0], r.seconds
         return run
 
-    defaults = resolve(model, method="sbd-verify", temperature=0.0)
+    defaults = DecodeSpec.resolve(model, method="sbd-verify").settings
     configs = {"HF greedy (original)": hf(), "HF prompt-lookup (10)": hf(prompt_lookup_num_tokens=10),
                f"sbd-verify ({defaults.describe()}: the defaults)": ours("sbd-verify"),
                "sbd-verify, the masks alone (block drafts, chain)": ours("sbd-verify", draft="block", lookup=False,

@@ -53,7 +53,8 @@ def check_adopted_settings(model, tokenizer, sources, out, *, chat: bool, max_ne
     import json
     from pathlib import Path
 
-    from ..decoding.generate import default_eos_ids, encode_prompts
+    from ..decoding.generate import encode_prompts
+    from ..models.facts import default_eos_ids
     from ..errors import SBDError
     from ..training import distill_file
     from ..training.distill import decode

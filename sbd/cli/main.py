@@ -219,24 +219,21 @@ def cmd_generate(args) -> None:
 
 
 def _unread_options(args) -> None:
-    """`sbd generate`'s options that the chosen decoding would not read: one line naming them."""
-    if args.anchor and not args.compare and args.method != "sbd":
-        raise SBDError(f"--anchor applies to --method sbd (plain SBD), not {args.method}")
-    if args.compare:
-        return  # --gamma and --proxy go to the sbd row, --block-size to sbd and sbd-verify, drafting to sbd-verify
+    """`sbd generate`'s options that the chosen decoding would not read: one line naming them, before the
+    model loads (the decoding spec's checks that need no model)."""
+    from ..decoding.spec import DecodeSpec
+
+    if args.compare:  # --gamma and --proxy go to the sbd row, --block-size to sbd and sbd-verify, drafting to sbd-verify
+        if args.anchor:
+            return
+        DecodeSpec.check(temperature=args.temperature, max_new_tokens=args.max_new_tokens, stop=args.stop)
+        return
     if args.method == "ntp" and args.block_size is not None:
         raise SBDError("--block-size sets the blocks of --method sbd and sbd-verify; --method ntp decodes one token "
                        "per forward")
-    if args.method != "sbd-verify":
-        given = [f"--{k.replace('_', '-')}" for k in drafting_kwargs(args)]
-        if given:
-            verb = "applies" if len(given) == 1 else "apply"
-            raise SBDError(f"{', '.join(given)} {verb} to --method sbd-verify (its drafts), not {args.method}")
-    for option, value in (("--gamma", args.gamma), ("--proxy", args.proxy)):
-        if value is not None and not (args.method == "sbd" or args.draft == "eb"):
-            how = ("--method sbd-verify drafts by it only with --draft eb" if args.method == "sbd-verify" else
-                   f"--method {args.method} does not read it")
-            raise SBDError(f"{option} sets the EB rule, read by --method sbd and by sbd-verify with --draft eb; {how}")
+    DecodeSpec.check(method=args.method, anchor=args.anchor or None, gamma=args.gamma, proxy=args.proxy,
+                     block_size=args.block_size, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                     stop=args.stop, **drafting_kwargs(args))
 
 
 def _compare_sbd_row(model, args):
@@ -291,7 +288,11 @@ def _guarded(command, args) -> int:
         if interrupts.interrupted():  # e.g. a model load that a Ctrl-C cut short, reported as a load error
             print("sbd: interrupted", file=sys.stderr)
             return interrupts.STATUS
-        print(f"sbd: error: {e}", file=sys.stderr)
+        from ..decoding.spec import SpecError
+
+        # a refused decoding setting, named as this command line writes it (lm-eval's model_args: as Python)
+        cli = isinstance(e, SpecError) and command is not run_lm_eval
+        print(f"sbd: error: {e.spelled('cli') if cli else e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         interrupts.leaving()  # a further Ctrl-C from here on ends the process at once, with the same status

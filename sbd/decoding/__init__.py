@@ -2,5 +2,6 @@
 SBD, sbd-verify) and the preallocated KV caches they use."""
 
 from .generate import GenerationResult, generate
+from .spec import DecodeSpec
 
-__all__ = ["GenerationResult", "generate"]
+__all__ = ["DecodeSpec", "GenerationResult", "generate"]

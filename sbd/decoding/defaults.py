@@ -1,6 +1,7 @@
 """sbd-verify's defaults (SPEC §7 "Defaults"): the fastest exact greedy configuration measured for the
-loaded model, in one place. `sbd.generate`, `sbd generate`, `sbd serve` and the lm-eval model all ask
-`resolve` what a setting the user left out (None) means, so they never disagree.
+loaded model, in one place. `sbd.decoding.spec.DecodeSpec.resolve`, which `sbd.generate`, `sbd generate`,
+`sbd serve` and the lm-eval model all go through, reads them for every setting the user left out (None),
+so they never disagree.
 
 Where a model's measured configuration lives: a drafting adapter records it in its `adapter_config.json`
 (`"decoding": {...}`), a fully fine-tuned SBD model in its `config.json` (`"sbd_decoding": {...}`), each
@@ -17,9 +18,7 @@ Every setting stays available to switch off: draft="block", lookup=False, tree="
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Sequence
-
+from dataclasses import dataclass
 from ..errors import SBDError
 from .rows import VerifyRow
 from .trees import check_shape
@@ -96,56 +95,16 @@ def from_record(record, where: str) -> VerifySettings:
     return VerifySettings(draft=draft, lookup=lookup, lookup_max=lookup_max, tree=tree)
 
 
-def recorded_block_size(model) -> int | None:
-    """The block size a fully fine-tuned SBD model records as its measured best (`sbd_decoding` in its
-    config.json), if any; an adapter's trained block size comes first (`generate.default_block_size`)."""
-    record = getattr(getattr(model, "config", None), "sbd_decoding", None)
-    size = record.get("block_size") if isinstance(record, dict) else None
-    if size is None:
-        return None
-    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-        raise SBDError(f"the model's config.json (sbd_decoding): block_size is an integer >= 1, got {size!r}")
-    return size
-
-
 def model_defaults(model) -> VerifySettings:
     """The measured configuration `model` records: its drafting adapter's, else its config's, else
     `GENERAL`, or `UNTRAINED` when its masks were never trained for drafting (no adapter and no record
     of SBD training, `sbd.decoding.trained_for`): whole blocks that give way to plain steps while they
     are refused, so an untrained model never runs slower than plain decoding for long."""
-    from ..adapter import adapter_of
+    from ..models.facts import decoding_record
     from .trained_for import trained_for
 
-    adapter = adapter_of(model)
-    record = getattr(adapter.config, "decoding", None) if adapter is not None else None
-    if record:
-        return from_record(record, "the drafting adapter's adapter_config.json")
-    record = getattr(getattr(model, "config", None), "sbd_decoding", None)
-    if record:
-        return from_record(record, "the model's config.json (sbd_decoding)")
+    recorded = decoding_record(model)
+    if recorded is not None:
+        return from_record(*recorded)
     trained = trained_for(model)
     return GENERAL if trained is not None and "sbd-verify" in trained else UNTRAINED
-
-
-def resolve(model, *, method: str, temperature: float, draft: str | None = None, lookup: bool | None = None,
-            lookup_max: int | None = None, tree: Sequence[int] | str | None = None,
-            fixed_shapes: bool = False) -> VerifySettings:
-    """What sbd-verify runs with: each setting the caller gave, and for each left out (None) the model's
-    measured default where it is exact and fits the rest (greedy sbd-verify; no tree with draft "eb",
-    fixed shapes or compile; no lookup with draft "eb"), else the plain one. Values are checked by
-    the caller (`generate` refuses impossible combinations in one line)."""
-    greedy_verify = method == "sbd-verify" and not temperature > 0
-    base = model_defaults(model) if greedy_verify else PLAIN
-    chosen_draft = draft if draft is not None else base.draft
-    if chosen_draft == "eb":  # EB-revealed drafts take neither lookup nor trees
-        base = replace(base, lookup=False, tree=None)
-    if fixed_shapes:
-        base = replace(base, tree=None)
-    given_tree = tree_setting(tree)
-    return VerifySettings(
-        draft=chosen_draft,
-        lookup=base.lookup if lookup is None else lookup,
-        lookup_max=base.lookup_max if lookup_max is None else lookup_max,
-        tree=base.tree if given_tree == "default" else given_tree,
-        fallback=base.fallback and draft is None,
-    )

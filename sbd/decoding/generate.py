@@ -1,12 +1,12 @@
 """`generate`: decode prompts with NTP or SBD (docs/method.md §3).
 
-Validates the arguments, encodes the prompts, decodes them as rows of the engine
+Resolves the settings into a `DecodeSpec` (`sbd.decoding.spec`: defaults and checks, in one place),
+encodes the prompts, decodes them as rows of the engine
 (`sbd.decoding.engine`, each row at its own pace) and returns a `GenerationResult` with the tokens and what they cost.
 """
 
 from __future__ import annotations
 
-import math
 import time
 import warnings
 import weakref
@@ -15,21 +15,16 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..adapter import adapter_of
 from ..errors import SBDError
-from ..sampler_head import head_of
+from ..models.facts import ModelFacts, context_limit
 from ..modes import eval_mode
-from ..sampler import PROXIES
-from .defaults import VerifySettings, recorded_block_size, resolve
+from ..sampler_head import head_of
+from .defaults import VerifySettings
 from .engine import Engine, ForwardRecord
-from .processing import Processing
-from .rows import VerifyRow, make_row
+from .rows import make_row
+from .spec import DecodeSpec
 from .trained_for import check_decoding
-from .trees import check_shape
 from .width_cost import forward_costs
-
-METHODS = ("ntp", "sbd", "sbd-verify")
-DRAFTS = ("block", "eb", "adaptive")  # how sbd-verify drafts: whole blocks, the EB rule, or a length per row
 
 
 @dataclass
@@ -87,35 +82,6 @@ def compiled(model):
         mode = "reduce-overhead" if device.type == "cuda" else None
         _COMPILED[model] = torch.compile(model, dynamic=False, mode=mode)
     return _COMPILED[model]
-
-
-def default_block_size(model) -> int:
-    """The block size a drafting adapter attached to `model` was trained for, else the one the model
-    records as measured best (`sbd.decoding.defaults`), else 16."""
-    adapter = adapter_of(model)
-    if adapter is not None:
-        return int(adapter.config.block_size)
-    return recorded_block_size(model) or 16
-
-
-def default_eos_ids(model, tokenizer) -> list[int]:
-    """EOS ids from the tokenizer and the model's generation config (which may list several)."""
-    ids: set[int] = set()
-    for source in (getattr(tokenizer, "eos_token_id", None),
-                   getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
-        if isinstance(source, int):
-            ids.add(source)
-        elif isinstance(source, (list, tuple)):
-            ids.update(int(x) for x in source)
-    return sorted(ids)
-
-
-def context_limit(model) -> int | None:
-    """Longest sequence the model's positions and attention support (sliding windows count)."""
-    cfg = model.config.get_text_config(decoder=True)
-    limits = [getattr(cfg, "max_position_embeddings", None), getattr(cfg, "sliding_window", None)]
-    limits = [int(x) for x in limits if isinstance(x, int) and x > 0]
-    return min(limits) if limits else None
 
 
 def apply_chat(tokenizer, prompt) -> list[int]:
@@ -225,109 +191,14 @@ def check_prompt_ids(model, tokenizer, prompt_ids: list[list[int]], prompts=None
                                f"{text!r}; it is reserved for decoding and cannot appear in a prompt")
 
 
-GAMMA = 0.35  # the EB rule's bound when a call leaves gamma out
-PROXY = "entropy"
-
-
-def check_eb_settings(method: str, draft: str | None, gamma, proxy, reveal_per_forward=None) -> None:
-    """gamma and proxy set the EB rule, which method "sbd" reveals by (unless reveal_per_forward replaces
-    it) and sbd-verify with draft "eb" drafts by; given anywhere else (not None) nothing would read them:
-    SBDError, not a silent no-op."""
-    reads = (method == "sbd" and reveal_per_forward is None) or (method == "sbd-verify" and draft == "eb")
-    for name, value in (("gamma", gamma), ("proxy", proxy)):
-        if value is not None and not reads:
-            how = (f"method={method!r} reveals a fixed reveal_per_forward instead" if method == "sbd" else
-                   f"method='sbd-verify' drafts with draft={draft!r} here (draft='eb' drafts by the EB rule)"
-                   if method == "sbd-verify" else f"method={method!r} does not use it")
-            raise SBDError(f"{name}={value!r} sets the EB rule, read by method='sbd' and by method='sbd-verify' "
-                           f"with draft='eb'; {how}")
-
-
-def _validate(model, method, block_size, gamma, proxy, max_new_tokens, temperature, stop, draft="block",
-              lookup=False, tree=None, static=False, lookup_max=VerifyRow.LOOKUP_MAX):
-    if method not in METHODS:
-        raise SBDError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    check_shape(tree)
-    if tree is not None and (method != "sbd-verify" or temperature > 0 or draft == "eb"):
-        raise SBDError("tree applies to method='sbd-verify' with greedy decoding (temperature 0) and draft='block' "
-                       "or 'adaptive'")
-    if tree is not None and static:
-        raise SBDError("tree drafts have no fixed widths: static_shapes=True and compile=True refuse tree")
-    if not isinstance(lookup, bool):
-        raise SBDError(f"lookup is True or False, got {lookup!r}")
-    if not isinstance(lookup_max, int) or isinstance(lookup_max, bool) or lookup_max < 1:
-        raise SBDError(f"lookup_max must be an integer >= 1, got {lookup_max!r}")
-    if lookup and (method != "sbd-verify" or temperature > 0 or draft == "eb"):
-        raise SBDError("lookup=True applies to method='sbd-verify' with greedy decoding (temperature 0) and "
-                       "draft='block' or 'adaptive'")
-    if draft not in DRAFTS:
-        raise SBDError(f"unknown draft {draft!r}; choose one of {', '.join(DRAFTS)}")
-    if draft != "block" and method != "sbd-verify":
-        raise SBDError(f"draft={draft!r} applies to method='sbd-verify'; the other methods take no draft")
-    if draft == "adaptive" and temperature > 0:
-        raise SBDError("draft='adaptive' is greedy only: its draft lengths follow measured timings, so with "
-                       "sampling a seed would no longer reproduce the sample; use draft='block'")
-    if draft == "eb" and temperature > 0:
-        raise SBDError("draft='eb' is greedy only (the acceptance rule of sampling needs every draft token drawn "
-                       "from its own distribution, which out-of-order reveals break); use draft='block'")
-    if not isinstance(block_size, int) or isinstance(block_size, bool) or block_size < 1:
-        raise SBDError(f"block_size must be an integer >= 1, got {block_size!r}")
-    limit = context_limit(model)
-    if method != "ntp" and limit and block_size > limit:
-        raise SBDError(f"block_size {block_size} exceeds the model's {limit} positions")
-    if not isinstance(gamma, (int, float)) or math.isnan(gamma) or gamma < 0:
-        raise SBDError(f"gamma must be a number >= 0 (inf allowed), got {gamma!r}")
-    if proxy not in PROXIES:
-        raise SBDError(f"unknown proxy {proxy!r}; choose one of {', '.join(PROXIES)}")
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise SBDError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-    if not isinstance(temperature, (int, float)) or not math.isfinite(temperature) or temperature < 0:
-        raise SBDError(f"temperature must be a finite number >= 0, got {temperature!r}")
-    if stop is not None and (isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop)):
-        raise SBDError("stop must be a list of non-empty strings")
-    mask_id = getattr(model.config, "sbd_mask_token_id", None)
-    vocab = model.get_input_embeddings().num_embeddings
-    if mask_id is not None and not (isinstance(mask_id, int) and 0 <= mask_id < vocab):
-        raise SBDError(f"the model's SBD mask token id {mask_id!r} lies outside its {vocab} embeddings "
-                       "(config.sbd_mask_token_id); add the token with sbd.add_mask_token(model, tokenizer)")
-    if method in ("sbd", "sbd-verify") and mask_id is None:
-        raise SBDError(
-            "this model has no SBD mask token (config.sbd_mask_token_id); add one with "
-            "sbd.add_mask_token(model, tokenizer) and fine-tune it with `sbd train`, or use method='ntp'"
-        )
-
-
-def generate(
-    model,
-    tokenizer,
-    prompts,
-    *,
-    method: str = "sbd-verify",
-    block_size: int | None = None,
-    gamma: float | None = None,
-    proxy: str | None = None,
-    max_new_tokens: int = 256,
-    temperature: float = 0.0,
-    seed: int | Sequence[int] | None = None,
-    stop: Sequence[str] | None = None,
-    eos_token_ids: Sequence[int] | None = None,
-    observer: Callable[[ForwardRecord], None] | None = None,
-    draft: str | None = None,
-    lookup: bool | None = None,
-    lookup_max: int | None = None,
-    tree: Sequence[int] | str | None = None,
-    static_shapes: bool = False,
-    compile: bool = False,
-    chat: bool = False,
-    reveal_per_forward: int | None = None,
-    anchor: bool = False,
-    logit_bias: dict[int, float] | None = None,
-    presence_penalty: float = 0.0,
-    frequency_penalty: float = 0.0,
-    top_p: float = 1.0,
-    logprobs: int | None = None,
-) -> GenerationResult:
+def generate(model, tokenizer, prompts, spec: DecodeSpec | None = None, *, seed: int | Sequence[int] | None = None,
+             eos_token_ids: Sequence[int] | None = None, observer: Callable[[ForwardRecord], None] | None = None,
+             chat: bool = False, **options) -> GenerationResult:
     """Decode `prompts` with NTP, SBD or SBD with verified drafts. Every row stops on its own.
+
+    spec: how to decode (`sbd.decoding.spec.DecodeSpec.resolve(model, ...)`); or leave it out and give
+    the settings below as keywords (they are resolved into one). seed, eos_token_ids, observer and
+    chat belong to the call.
 
     method: "sbd-verify" (the default) drafts with the masked head and checks every draft token with the
     model's own next-token predictions: exactly NTP's output (greedy: the same tokens; sampling: the same
@@ -396,68 +267,32 @@ def generate(
     of the result holds, for every returned token, its logprob and the k most likely alternatives,
     read from the model's raw next-token distribution (temperature 1, before bias, penalties, top_p).
     """
-    if block_size is None:
-        block_size = default_block_size(model)
-    fallback = False
-    if method in METHODS:  # (an unknown method is refused by _validate)
-        chosen = resolve(model, method=method, temperature=temperature if isinstance(temperature, (int, float)) else 0,
-                         draft=draft, lookup=lookup, lookup_max=lookup_max, tree=tree,
-                         fixed_shapes=static_shapes or compile)
-        if lookup_max is not None and not chosen.lookup:  # a setting nothing would read: said, not ignored
-            raise SBDError("lookup_max sets the longest prompt-lookup draft, but lookup is off here (greedy "
-                           "sbd-verify with lookup=True uses it)")
-        draft, lookup, lookup_max, tree = chosen.draft, chosen.lookup, chosen.lookup_max, chosen.tree
-        fallback = chosen.fallback
-        check_eb_settings(method, draft, gamma, proxy, reveal_per_forward)  # given where nothing reads them
-    gamma = GAMMA if gamma is None else gamma
-    proxy = PROXY if proxy is None else proxy
-    _validate(model, method, block_size, gamma, proxy, max_new_tokens, temperature, stop, draft, lookup, tree,
-              static_shapes or compile, lookup_max)
-    if not isinstance(anchor, bool) or (anchor and method != "sbd"):
-        raise SBDError(f"anchor is True or False and applies to method='sbd' only, got anchor={anchor!r} with "
-                       f"method={method!r}")
-    if anchor and (proxy != "entropy" or reveal_per_forward is not None):
-        raise SBDError("anchor=True reveals left to right under the entropy bound: proxy and reveal_per_forward "
-                       "do not apply")
-    if compile and method == "sbd-verify" and getattr(head_of(model), "enabled", False):
+    if spec is None:
+        spec = DecodeSpec.resolve(model, **options)
+    elif options:
+        raise SBDError(f"pass the decoding settings in the spec or as keywords, not both (got spec and "
+                       f"{', '.join(sorted(options))})")
+    else:
+        check_decoding(model, spec.method, anchor=spec.anchor)
+    if spec.compile and spec.method == "sbd-verify" and getattr(head_of(model), "enabled", False):
         warnings.warn("sbd: compile=True drafts without the sampler head (it reads hidden states through a hook "
                       "compiled forwards do not run): the masks draft alone, the tokens are the same; load with "
                       "sampler_head=False to say so", stacklevel=2)
-    check_decoding(model, method, anchor=anchor)
-    if reveal_per_forward is not None and (method != "sbd" or not isinstance(reveal_per_forward, int)
-                                           or reveal_per_forward < 1):
-        raise SBDError("reveal_per_forward is an integer >= 1 and applies to method='sbd' only")
-    processing = Processing(logit_bias or {}, presence_penalty, frequency_penalty, top_p, logprobs)
-    processing.validate(model.get_input_embeddings().num_embeddings)
-    if method == "sbd" and not processing.is_default:
-        raise SBDError("logit_bias, presence/frequency penalties, top_p and logprobs apply to method='ntp' or "
-                       "'sbd-verify' (the next-token head); method='sbd' reveals tokens with the masked head")
+    facts = ModelFacts.of(model, tokenizer)
     prompt_ids = encode_prompts(tokenizer, prompts, chat)
-    check_context(model, prompt_ids, max_new_tokens)
+    check_context(model, prompt_ids, spec.max_new_tokens)
     check_prompt_ids(model, tokenizer, prompt_ids, prompts, chat)
-    seeds = row_seeds(seed, len(prompt_ids), temperature)
-    device = model.get_input_embeddings().weight.device
-    if eos_token_ids is None:
-        eos_token_ids = default_eos_ids(model, tokenizer)
-    common = dict(max_new=max_new_tokens, eos=list(eos_token_ids), stop=stop or [], tokenizer=tokenizer,
-                  temperature=temperature, device=device)
-    mask_id = getattr(model.config, "sbd_mask_token_id", None)
-    cost = forward_costs(model, batch=len(prompt_ids)) if method == "sbd-verify" and draft == "adaptive" else None
+    seeds = row_seeds(seed, len(prompt_ids), spec.temperature)
+    eos = list(facts.eos_ids if eos_token_ids is None else eos_token_ids)
+    adaptive = spec.method == "sbd-verify" and spec.draft == "adaptive"
+    cost = forward_costs(model, batch=len(prompt_ids)) if adaptive else None
 
     start = time.perf_counter()
-    rows = [make_row(method, p, mask_id=mask_id, block_size=block_size, gamma=gamma, proxy=proxy, draft=draft,
-                     fixed=reveal_per_forward, anchor=anchor, fallback=fallback, seed=s, cost=cost, lookup=lookup,
-                     lookup_max=lookup_max, tree=tree,
-                     processing=processing,
-                     **common)
-            for p, s in zip(prompt_ids, seeds)]
-    k = min(block_size, max_new_tokens)
-    widths = () if not (static_shapes or compile) else (1,) if method == "ntp" else (k, 2 * k)
-    if widths and lookup:  # a lookup forward: the head and the draft (at most the budget's), no masks
-        widths = tuple(sorted({*widths, 1 + min(lookup_max, max_new_tokens - 1)}))
-    widest = max([2 * block_size + 1] + [r.needs_extra for r in rows])  # a row's extra room = its widest forward
-    engine = Engine(model, len(rows), max(r.needs for r in rows), max_width=widest,
-                    observer=observer, static_widths=widths, call=compiled(model) if compile else None)
+    rows = [make_row(spec, p, mask_id=facts.mask_id, eos=eos, tokenizer=tokenizer, seed=s, device=facts.device,
+                     cost=cost) for p, s in zip(prompt_ids, seeds)]
+    engine = Engine(model, len(rows), max(r.needs for r in rows), max_width=max(
+        [2 * spec.block_size + 1] + [r.needs_extra for r in rows]),  # a row's extra room = its widest forward
+        observer=observer, static_widths=static_widths(spec), call=compiled(model) if spec.compile else None)
     with eval_mode(model), torch.inference_mode():
         for r in rows:
             engine.add(r)
@@ -466,12 +301,26 @@ def generate(
     seconds = time.perf_counter() - start
     return GenerationResult(
         texts=[r.text() for r in rows], token_ids=[r.out for r in rows], nfe=[r.nfe for r in rows],
-        steps=[r.steps for r in rows], seconds=seconds, method=method,
+        steps=[r.steps for r in rows], seconds=seconds, method=spec.method,
         prompt_lengths=[len(p) for p in prompt_ids], accepted=[r.accepted for r in rows],
         lookup_accepted=[r.lookup_accepted for r in rows],
-        logprobs=[r.logprobs for r in rows] if processing.logprobs is not None else None,
-        settings=VerifySettings(draft, lookup, lookup_max, tree, fallback) if method == "sbd-verify" else None,
+        logprobs=[r.logprobs for r in rows] if spec.processing.logprobs is not None else None,
+        settings=spec.settings,
     )
+
+
+def static_widths(spec: DecodeSpec) -> tuple[int, ...]:
+    """The fixed forward widths of static shapes (none without): NTP 1; SBD k and 2k; with lookup also a
+    lookup forward (the head and a draft of at most the budget's, no masks)."""
+    if not spec.fixed_shapes:
+        return ()
+    if spec.method == "ntp":
+        return (1,)
+    k = min(spec.block_size, spec.max_new_tokens)
+    widths = {k, 2 * k}
+    if spec.lookup:
+        widths.add(1 + min(spec.lookup_max, spec.max_new_tokens - 1))
+    return tuple(sorted(widths))
 
 
 def row_seeds(seed, n: int, temperature: float) -> list[int | None]:

@@ -696,34 +696,23 @@ class VerifyRow(Row):
         return n - a
 
 
-def make_row(method: str, prompt: list[int], *, mask_id: int | None, block_size: int = 16, gamma: float = 0.35,
-             proxy: str = "entropy", draft: str = "block", fixed: int | None = None, anchor: bool = False,
-             fallback: bool = False, cost=None, lookup: bool = False, lookup_max: int = VerifyRow.LOOKUP_MAX,
-             tree=None, processing: Processing | None = None, **common) -> Row:
-    """A row for `method` ("ntp", "sbd", "sbd-verify"); draft "block", "eb" or "adaptive" (with `cost`,
-    width → relative forward time); anchor (sbd): plain SBD anchored on the next-token head
-    (`sbd.decoding.anchored`); fallback (sbd-verify, draft "block", greedy): plain steps while the masks'
-    drafts almost never stand (`VerifyRow.FALLBACK_ALPHA`); lookup (sbd-verify, greedy): drafts from
-    prompt lookup when it finds a match, at most `lookup_max` tokens (`VerifyRow.LOOKUP_MAX`); tree
-    (sbd-verify, greedy): tree drafts of these widths per depth (`VerifyRow`); processing: logit_bias, penalties, top_p and
-    logprobs of the next-token head (ntp and sbd-verify; validate it with
-    `processing.validate(vocab_size)` first); `common`: max_new, eos, stop, tokenizer, temperature,
-    seed, device. Other arguments are validated by the caller (`generate`, the server)."""
-    if processing is not None and not processing.is_default:
-        if method not in ("ntp", "sbd-verify"):
-            raise SBDError(f"logit_bias, penalties, top_p and logprobs apply to method='ntp' or 'sbd-verify' "
-                           f"(the next-token head); method={method!r} reveals tokens with the masked head")
-        common["processing"] = processing
-    if tree is not None and method != "sbd-verify":
-        raise SBDError(f"tree drafts apply to method='sbd-verify'; method={method!r} has no draft to branch")
-    if method == "ntp":
+def make_row(spec, prompt: list[int], *, mask_id: int | None, eos: Sequence[int] = (), tokenizer=None,
+             seed: int | None = None, device=None, cost=None) -> Row:
+    """The row that decodes `prompt` as `spec` says (a `sbd.decoding.spec.DecodeSpec`, checked where it was
+    resolved): NTP, SBD (anchored or by the EB rule) or sbd-verify. cost: for draft "adaptive", width →
+    relative forward time (`sbd.decoding.width_cost`). eos, tokenizer (stop strings), seed (sampling),
+    device: what the spec cannot know."""
+    common = dict(max_new=spec.max_new_tokens, eos=eos, stop=list(spec.stop), tokenizer=tokenizer,
+                  temperature=spec.temperature, seed=seed, device=device)
+    if not spec.processing.is_default:
+        common["processing"] = spec.processing
+    if spec.method == "ntp":
         return NTPRow(prompt, **common)
-    if method == "sbd-verify":
-        return VerifyRow(prompt, block_size=block_size, mask_id=int(mask_id), proxy=proxy,
-                         eb_gamma=float(gamma) if draft == "eb" else None,
-                         cost=cost if draft == "adaptive" else None, lookup=lookup, lookup_max=lookup_max,
-                         tree=tree, fallback=fallback, **common)
-    if anchor:
-        return AnchoredRow(prompt, block_size=block_size, mask_id=int(mask_id), gamma=float(gamma), **common)
-    return SBDRow(prompt, block_size=block_size, mask_id=int(mask_id), gamma=float(gamma), proxy=proxy,
-                  fixed=fixed, **common)
+    if spec.method == "sbd-verify":
+        return VerifyRow(prompt, block_size=spec.block_size, mask_id=int(mask_id), proxy=spec.proxy,
+                         eb_gamma=spec.eb_gamma, cost=cost if spec.draft == "adaptive" else None, lookup=spec.lookup,
+                         lookup_max=spec.lookup_max, tree=spec.tree, fallback=spec.fallback, **common)
+    if spec.anchor:
+        return AnchoredRow(prompt, block_size=spec.block_size, mask_id=int(mask_id), gamma=float(spec.gamma), **common)
+    return SBDRow(prompt, block_size=spec.block_size, mask_id=int(mask_id), gamma=float(spec.gamma), proxy=spec.proxy,
+                  fixed=spec.reveal_per_forward, **common)

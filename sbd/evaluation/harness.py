@@ -14,7 +14,8 @@ import warnings
 from dataclasses import dataclass, field
 
 from ..errors import SBDError
-from ..decoding.generate import default_eos_ids, generate
+from ..decoding.generate import generate
+from ..models.facts import default_eos_ids
 from ..tasks import extract_answer, final_answer, get_task, make_split, score
 
 DEFAULT_MAX_NEW_TOKENS = 128

@@ -70,8 +70,7 @@ class SBDLM(TemplateLM):
                  stats_path: str | None = None, tokenizer=None, **unused):
         super().__init__()
         global _last
-        from ..decoding.defaults import resolve
-        from ..decoding.generate import GAMMA, METHODS, PROXY, _validate, check_eb_settings, default_block_size
+        from ..decoding.spec import METHODS, DecodeSpec
         from ..models.loading import load
 
         if unused:
@@ -105,27 +104,19 @@ class SBDLM(TemplateLM):
             self.model, self.tokenizer = load(str(pretrained), adapter=adapter, device=device, dtype=torch_dtype,
                                               probe=method != "ntp")
             self.pretrained = str(pretrained)
-        self.method, self.proxy = method, PROXY if proxy is None else proxy
-        self.anchor = bool(_flag("anchor", anchor))
-        if self.anchor and method != "sbd":
-            raise SBDError(f"model argument anchor=true applies to method=sbd, not {method}")
-        self.gamma = GAMMA if gamma is None else _number("gamma", gamma, float)
-        # the EB rule's settings go to generate only where given (it refuses them where nothing reads them)
-        self.eb = {k: v for k, v in (("gamma", None if gamma is None else self.gamma), ("proxy", proxy))
-                   if v is not None}
-        self.block_size = (default_block_size(self.model) if block_size is None
-                           else _number("block_size", block_size, int))
+        # the settings given (None: left out, the model's default); checked here, once, as one spec
+        self.given = {"method": method, "anchor": _flag("anchor", anchor),
+                      "gamma": None if gamma is None else _number("gamma", gamma, float), "proxy": proxy,
+                      "block_size": None if block_size is None else _number("block_size", block_size, int),
+                      "draft": draft, "lookup": _flag("lookup", lookup),
+                      "lookup_max": None if lookup_max is None else _number("lookup_max", lookup_max, int),
+                      "tree": None if tree is None else str(tree).replace(":", ",")}
+        self.given = {k: v for k, v in self.given.items() if v is not None}
         self.max_gen_toks_default = _number("max_gen_toks", max_gen_toks, int)
-        given = {"draft": draft, "lookup": _flag("lookup", lookup),
-                 "lookup_max": None if lookup_max is None else _number("lookup_max", lookup_max, int),
-                 "tree": None if tree is None else str(tree).replace(":", ",")}
-        self.drafting = {k: v for k, v in given.items() if v is not None}  # left out: the model's defaults
-        greedy = resolve(self.model, method=method, temperature=0.0, **self.drafting)  # also checks the tree
-        check_eb_settings(method, greedy.draft if method == "sbd-verify" else None, self.eb.get("gamma"),
-                          self.eb.get("proxy"))
-        _validate(self.model, method, self.block_size, self.gamma, self.proxy, self.max_gen_toks_default, 0.0,
-                  None, greedy.draft, greedy.lookup, greedy.tree, False, greedy.lookup_max)
-        self.settings = greedy if method == "sbd-verify" else None  # the last generation's (stats)
+        greedy = DecodeSpec.resolve(self.model, **self.given, max_new_tokens=self.max_gen_toks_default)
+        self.method, self.anchor, self.block_size = greedy.method, greedy.anchor, greedy.block_size
+        self.gamma, self.proxy = greedy.gamma, greedy.proxy
+        self.settings = greedy.settings  # the last generation's (stats)
         self._device = torch.device(device)
         self.stats_path = stats_path
         self.counts = defaultdict(lambda: {"requests": 0, "tokens": 0, "nfe": 0, "seconds": 0.0})
@@ -143,7 +134,7 @@ class SBDLM(TemplateLM):
 
     @property
     def max_length(self) -> int:
-        from ..decoding.generate import context_limit
+        from ..models.facts import context_limit
 
         return context_limit(self.model) or 2048
 
@@ -256,8 +247,7 @@ class SBDLM(TemplateLM):
                 prompts = [self.tokenizer(requests[i].args[0]).input_ids[-room:] for i in chunk]
                 t0 = time.perf_counter()
                 result = generate(self.model, self.tokenizer, prompts,
-                                  method=self.method, block_size=self.block_size, **self.eb,
-                                  **({"anchor": True} if self.anchor else {}), **self.drafting,
+                                  **self.given,
                                   **options)
                 self.settings = result.settings
                 count = self.counts[task]

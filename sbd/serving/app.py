@@ -67,8 +67,7 @@ def create_app(model, tokenizer, config: ServerConfig | None = None) -> FastAPI:
 
     def checked(body) -> P.Options:
         check_model(body.model)
-        return P.options(body, server.limits, server.default_block, server.vocab, server.mask_id,
-                         server.defaults)
+        return P.options(body, server.limits, server.facts, server.defaults)
 
     async def parsed(request: Request, kind):
         """The body as `kind`, parsed and validated in the tokenizing pool: a large JSON body never holds

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..decoding.defaults import VerifySettings, model_defaults, tree_setting
-from ..decoding.generate import apply_chat, context_limit
-from ..decoding.trained_for import check_decoding
+from ..decoding.defaults import VerifySettings
+from ..decoding.generate import apply_chat
+from ..decoding.spec import DecodeSpec, SpecError
+from ..models.facts import context_limit
 from ..errors import SBDError
 
 MIB = 1 << 20
@@ -91,22 +92,18 @@ def server_config(model, *, model_path: str, served_name: str | None = None, max
     if max_prompt_tokens is not None and max_prompt_tokens >= length:
         raise SBDError(f"--max-prompt-tokens {max_prompt_tokens} leaves no room to generate within "
                        f"--max-model-len {length}")
-    if method != "sbd-verify":
-        for name, value in (("--draft", draft if draft != "block" else None), ("--lookup", lookup or None),
-                            ("--lookup-max", lookup_max), ("--tree", tree)):
-            if value is not None:
-                raise SBDError(f"{name} applies to --method sbd-verify")
-    if tree is not None:
-        tree_setting(tree)  # a malformed shape is refused at start-up, not per request
     largest = Limits.block_size_limit
     if block_size is not None and block_size > largest:
         raise SBDError(f"--block-size {block_size} exceeds the largest block size a request may ask ({largest})")
-    if lookup_max is not None and lookup is False:
-        raise SBDError("--lookup-max sets the longest prompt-lookup draft; it has no effect with --no-lookup")
     if lookup_max is not None and lookup_max > Limits.lookup_max_limit:
         raise SBDError(f"--lookup-max {lookup_max} exceeds the largest a request may ask ({Limits.lookup_max_limit})")
-    # --method sbd on a drafter not trained for it: refused here, not per request, naming sbd serve's options
-    check_decoding(model, method, interface="serve")
+    # the server's defaults for requests, as one spec: refused here, at start-up, in sbd serve's words (a method
+    # the drafter was not trained for too), not per request
+    try:
+        DecodeSpec.resolve(model, interface="serve", method=method, draft=draft, block_size=block_size,
+                           lookup=lookup, lookup_max=lookup_max, tree=tree)
+    except SpecError as e:
+        raise SBDError(e.spelled("serve")) from None
     if api_key is not None and not api_key.strip():
         raise SBDError("--api-key (or SBD_API_KEY) is empty")
     limits = Limits(method=method, draft=draft, block_size=block_size, gamma=gamma, lookup=lookup,
@@ -131,10 +128,5 @@ def _template_tokens(tokenizer) -> int:
 def server_defaults(model, limits: Limits) -> VerifySettings:
     """Greedy sbd-verify's drafting settings for requests that leave them out: the server's options where
     given, else the model's measured defaults (the same as `sbd.generate`'s)."""
-    base = model_defaults(model)
-    tree = tree_setting(limits.tree)
-    return VerifySettings(draft=limits.draft or base.draft,
-                          lookup=base.lookup if limits.lookup is None else limits.lookup,
-                          lookup_max=limits.lookup_max or base.lookup_max,
-                          tree=base.tree if tree == "default" else tree,
-                          fallback=base.fallback and limits.draft is None)
+    return DecodeSpec.resolve(model, method="sbd-verify", draft=limits.draft, lookup=limits.lookup,
+                              lookup_max=limits.lookup_max, tree=limits.tree).settings

@@ -9,13 +9,14 @@ that asks nothing gets the model's own greedy answer, drafted with the model's f
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from ..decoding.defaults import GENERAL, PLAIN, VerifySettings, tree_setting
-from ..errors import SBDError
+from ..decoding.defaults import GENERAL, VerifySettings
+from ..decoding.spec import DecodeSpec, SpecError
+from ..models.facts import ModelFacts
 from .config import DEFAULT_MAX_TOKENS, Limits
 from .errors import APIError
 
@@ -89,37 +90,15 @@ class ChatRequest(DecodingFields):
 
 @dataclass
 class Options:
-    """A request's decoding options after defaults and checks."""
+    """A request after defaults and checks: how to decode it (`spec`) and what the request itself asks
+    (n choices, a seed, streaming, echo)."""
 
-    method: str
-    block_size: int
-    gamma: float
-    proxy: str
-    draft: str
-    max_tokens: int
-    temperature: float
-    seed: int | None
-    stop: list[str] = field(default_factory=list)
+    spec: DecodeSpec
+    seed: int | None = None
     stream: bool = False
     n: int = 1
-    lookup: bool = False
-    lookup_max: int = 16
-    tree: tuple[int, ...] | None = None  # sbd-verify, greedy: tree drafts' widths per depth (None: a chain)
-    logprobs: int | None = None  # alternatives per token (None: no logprobs)
     echo: bool = False
-    logit_bias: dict[int, float] = field(default_factory=dict)
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    top_p: float = 1.0
-    fallback: bool = False  # whole-block drafts of untrained masks: plain steps while they fail
-    anchor: bool = False  # method sbd: plain SBD anchored on the next-token head (`sbd.decoding.anchored`)
     max_tokens_given: bool = True  # False: the server's default max_tokens (an error then says so)
-
-    @property
-    def processing(self) -> dict:
-        """What the logit processors get (the library's `Processing` fields)."""
-        return {"logit_bias": dict(self.logit_bias), "presence_penalty": self.presence_penalty,
-                "frequency_penalty": self.frequency_penalty, "top_p": self.top_p, "logprobs": self.logprobs}
 
 
 def bad(message: str, param: str | None = None, code: str | None = None) -> APIError:
@@ -204,12 +183,12 @@ def _logprobs(req) -> tuple[int | None, bool]:
     return (req.top_logprobs or 0) if req.logprobs else None, False
 
 
-def options(req: DecodingFields, limits: Limits, default_block: int, vocab: int,
-            mask_id: int | None = None, defaults: VerifySettings = GENERAL) -> Options:
+def options(req: DecodingFields, limits: Limits, facts: ModelFacts, defaults: VerifySettings = GENERAL) -> Options:
     """Defaults filled in and every value checked; an APIError (400) names the first bad field.
+    What a request may ask of this server (its limits) is checked here; how the settings go together,
+    and what a left-out one means, by the decoding spec (`sbd.decoding.spec`), as for every entry point.
     defaults: greedy sbd-verify's drafting settings for fields a request leaves out (the model's measured
-    ones with the server's options over them, `Server.defaults`); sampling and the other methods take
-    the plain ones (whole blocks, no lookup, a chain)."""
+    ones with the server's options over them, `Server.defaults`)."""
     _refuse_openai_extras(req)
     n = 1 if req.n is None else req.n
     if not 1 <= n <= limits.n_limit:
@@ -217,50 +196,16 @@ def options(req: DecodingFields, limits: Limits, default_block: int, vocab: int,
     method = req.method or limits.method
     if method not in METHODS:
         raise bad(f"method must be one of {', '.join(METHODS)}", "method")
-    block = req.block_size if req.block_size is not None else (limits.block_size or default_block)
-    if req.block_size is not None and not 1 <= block <= limits.block_size_limit:  # the server's own: checked at start
+    if req.block_size is not None and not 1 <= req.block_size <= limits.block_size_limit:
         raise bad(f"block_size must be between 1 and {limits.block_size_limit}", "block_size")
     if req.block_size is not None and method == "ntp":  # a setting nothing would read: said, not ignored
         raise bad("block_size sets the blocks of methods sbd and sbd-verify; this request decodes with ntp, one "
                   "token per forward", "block_size")
-    gamma = limits.gamma if req.gamma is None else req.gamma
-    if math.isnan(gamma) or gamma < 0:
-        raise bad("gamma must be a number >= 0", "gamma")
-    proxy = req.proxy or "entropy"
-    if proxy not in ("entropy", "confidence", "margin"):
-        raise bad("proxy must be entropy, confidence or margin", "proxy")
-    uses_eb = method == "sbd" or (method == "sbd-verify" and req.draft == "eb")
-    for name in ("gamma", "proxy"):  # the EB rule's settings: refused where nothing reads them
-        if getattr(req, name) is not None and not uses_eb:
-            raise bad(f"{name} sets the EB rule, used by method sbd and by sbd-verify with draft eb; this request "
-                      f"decodes with {method}" + (" (set draft: eb to reveal drafts by it)" if method == "sbd-verify"
-                                                  else ""), name)
-    if req.anchor and method != "sbd":
-        raise bad(f"anchor applies to method sbd (plain SBD anchored on the next-token head); this request "
-                  f"decodes with {method}", "anchor")
-    if req.anchor and proxy != "entropy":
-        raise bad("anchor reveals by the entropy bound: proxy must be entropy (or left out)", "proxy")
-    temperature = _number(req.temperature, "temperature", 0, 2, 0.0)
-    # left-out drafting fields: greedy sbd-verify takes the server's defaults, everything else the plain
-    # ones (with sampling, timed draft lengths would make a seed stop reproducing the sample)
-    base = defaults if method == "sbd-verify" and temperature == 0 else PLAIN
-    draft = req.draft or base.draft
-    if draft not in ("block", "eb", "adaptive") or (draft != "block" and method != "sbd-verify"):
-        raise bad("draft is block, eb or adaptive, and eb and adaptive apply to method sbd-verify only", "draft")
-    if draft in ("eb", "adaptive") and temperature > 0:
-        raise bad(f"draft {draft} is greedy only (temperature 0)", "draft")
-    fits = method == "sbd-verify" and temperature == 0 and draft != "eb"  # where lookup and trees apply
-    if req.lookup and not fits:
-        raise bad("lookup applies to method sbd-verify, greedy (temperature 0), draft block or adaptive", "lookup")
-    lookup = req.lookup if req.lookup is not None else (base.lookup and fits)
     if req.lookup_max is not None and not 1 <= req.lookup_max <= limits.lookup_max_limit:
         raise bad(f"lookup_max must be between 1 and {limits.lookup_max_limit}", "lookup_max")
-    lookup_max = req.lookup_max if req.lookup_max is not None else base.lookup_max
-    if req.lookup_max is not None and not lookup:
-        raise bad("lookup_max sets the longest prompt-lookup draft; lookup is off for this request", "lookup_max")
-    tree = _tree(req.tree, base.tree if fits else None)
-    if tree is not None and not fits:
-        raise bad("tree applies to method sbd-verify, greedy (temperature 0), draft block or adaptive", "tree")
+    if req.tree is not None and not (isinstance(req.tree, str) or (isinstance(req.tree, list) and all(
+            isinstance(w, int) and not isinstance(w, bool) for w in req.tree))):
+        raise bad('tree is a list of widths per depth such as [3, 2], "3,2", or "chain"', "tree")
     max_tokens = req.max_tokens
     if isinstance(req, ChatRequest) and req.max_completion_tokens is not None:
         if max_tokens is not None and max_tokens != req.max_completion_tokens:
@@ -274,35 +219,22 @@ def options(req: DecodingFields, limits: Limits, default_block: int, vocab: int,
     if req.seed is not None and not INT64[0] <= req.seed <= INT64[1] - (n - 1):
         raise bad("seed must be a 64-bit signed integer (with n choices, seed + n - 1 too)", "seed")
     logprobs, echo = _logprobs(req)
-    top_p = _number(req.top_p, "top_p", 0, 1, 1.0)
-    if top_p == 0:
-        raise bad("top_p must be greater than 0 (and at most 1)", "top_p")
-    chosen = Options(method, block, float(gamma), proxy, draft, max_tokens, temperature, req.seed,
-                     stop_strings(req.stop), bool(req.stream), n=n, lookup=bool(lookup), lookup_max=lookup_max,
-                     tree=tree, logprobs=logprobs, max_tokens_given=given,
-                     echo=echo, logit_bias=_logit_bias(req.logit_bias, vocab, mask_id),
-                     presence_penalty=_number(req.presence_penalty, "presence_penalty", -2, 2, 0.0),
-                     fallback=base.fallback and req.draft is None, anchor=bool(req.anchor),
-                     frequency_penalty=_number(req.frequency_penalty, "frequency_penalty", -2, 2, 0.0), top_p=top_p)
-    if method == "sbd":  # the processors act on the next-token head, which method sbd does not decode with
-        for name, default in (("logit_bias", {}), ("presence_penalty", 0.0), ("frequency_penalty", 0.0),
-                              ("top_p", 1.0), ("logprobs", None)):
-            if getattr(chosen, name) != default:
-                raise bad(f"{name} applies to methods ntp and sbd-verify (the next-token head); method sbd "
-                          "reveals tokens with the masked head", name)
-    return chosen
-
-
-def _tree(value, default: tuple[int, ...] | None) -> tuple[int, ...] | None:
-    """A request's `tree` (widths as a list or "3,2", or "chain") → widths or None; `default` if left out."""
-    if value is not None and not (isinstance(value, str) or (isinstance(value, list) and all(
-            isinstance(w, int) and not isinstance(w, bool) for w in value))):
-        raise bad('tree is a list of widths per depth such as [3, 2], "3,2", or "chain"', "tree")
     try:
-        chosen = tree_setting(value)
-    except SBDError as e:
-        raise bad(str(e), "tree") from None
-    return default if chosen == "default" else chosen
+        spec = DecodeSpec.build(
+            facts, defaults=defaults, method=method,
+            block_size=req.block_size if req.block_size is not None else limits.block_size,
+            gamma=req.gamma, proxy=req.proxy, anchor=req.anchor, draft=req.draft, lookup=req.lookup,
+            lookup_max=req.lookup_max, tree=req.tree, max_new_tokens=max_tokens,
+            temperature=_number(req.temperature, "temperature", 0, 2, 0.0), stop=stop_strings(req.stop),
+            logit_bias=_logit_bias(req.logit_bias, facts.vocab, facts.mask_id),
+            presence_penalty=_number(req.presence_penalty, "presence_penalty", -2, 2, 0.0),
+            frequency_penalty=_number(req.frequency_penalty, "frequency_penalty", -2, 2, 0.0),
+            top_p=_number(req.top_p, "top_p", 0, 1, 1.0), logprobs=logprobs)
+    except SpecError as e:
+        raise bad(e.spelled("http"), e.param) from None
+    if req.gamma is None:  # the server's --gamma, where the EB rule reads it
+        spec = replace(spec, gamma=limits.gamma)
+    return Options(spec, seed=req.seed, stream=bool(req.stream), n=n, echo=echo, max_tokens_given=given)
 
 
 def prompt_of(req: CompletionRequest) -> str | list[int]:

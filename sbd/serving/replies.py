@@ -40,7 +40,7 @@ def safe_prefix(text: str, stop: list[str]) -> str:
 def stats(jobs: list[Job], opts: Options) -> dict:
     """What the request cost: sbd's own field next to OpenAI's usage."""
     tokens, nfe = sum(len(j.row.out) for j in jobs), sum(j.row.nfe for j in jobs)
-    return {"method": opts.method, "forwards": nfe, "tokens_per_forward": round(tokens / nfe, 4) if nfe else 0.0}
+    return {"method": opts.spec.method, "forwards": nfe, "tokens_per_forward": round(tokens / nfe, 4) if nfe else 0.0}
 
 
 async def events(request: Request, jobs: list[Job]):
@@ -80,12 +80,12 @@ async def answer(server: Server, request: Request, path: str, ids: list[int], op
     tok, name = server.tokenizer, server.config.model_name
     choices = []
     for job in jobs:
-        row, text = job.row, cut_at_stop(tok, job.row.out, opts.stop)[0]
+        row, text = job.row, cut_at_stop(tok, job.row.out, opts.spec.stop)[0]
         if chat:
-            lp = R.chat_logprobs(tok, row.logprobs) if opts.logprobs is not None else None
+            lp = R.chat_logprobs(tok, row.logprobs) if opts.spec.processing.logprobs is not None else None
             choices.append(R.chat_choice(job.index, text, row.finish_reason, lp))
         else:
-            lp = R.completion_logprobs(tok, row.logprobs) if opts.logprobs is not None else None
+            lp = R.completion_logprobs(tok, row.logprobs) if opts.spec.processing.logprobs is not None else None
             choices.append(R.completion_choice(job.index, echo + text, row.finish_reason, lp))
     use = R.usage(len(ids), sum(len(j.row.out) for j in jobs))
     server.count(path, 200)
@@ -106,7 +106,7 @@ async def _stream(server: Server, request: Request, jobs: list[Job], rid: str, o
     def chunk(i: int, text: str, reason: str | None = None, final: bool = False) -> dict:
         """A chunk for choice i with `text` and the logprobs of the tokens that arrived since the last."""
         lp = None
-        if opts.logprobs is not None:
+        if opts.spec.processing.logprobs is not None:
             entries = jobs[i].row.logprobs
             upto = len(entries) if final else min(len(tokens[i]), len(entries))
             new, shown[i] = entries[shown[i]:upto], upto
@@ -128,8 +128,8 @@ async def _stream(server: Server, request: Request, jobs: list[Job], rid: str, o
                 return
             if kind == "tokens":
                 tokens[i] += payload
-                text, found = cut_at_stop(tok, tokens[i], opts.stop)
-                ready = text if found else safe_prefix(text, opts.stop)
+                text, found = cut_at_stop(tok, tokens[i], opts.spec.stop)
+                ready = text if found else safe_prefix(text, opts.spec.stop)
                 if len(ready) > len(sent[i]) and ready.startswith(sent[i]):
                     out = chunk(i, ready[len(sent[i]):])
                     sent[i] = ready
@@ -137,7 +137,7 @@ async def _stream(server: Server, request: Request, jobs: list[Job], rid: str, o
                 continue
             finished += 1
             row = jobs[i].row
-            text, _ = cut_at_stop(tok, row.out, opts.stop)
+            text, _ = cut_at_stop(tok, row.out, opts.spec.stop)
             rest = text[len(sent[i]):] if len(text) > len(sent[i]) and text.startswith(sent[i]) else ""
             last = chunk(i, rest, row.finish_reason, final=True)
             if finished == len(jobs):  # usage and sbd's costs on the very last chunk

@@ -8,13 +8,14 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-from ..decoding.generate import (apply_chat, check_prompt_ids, context_limit, default_block_size, default_eos_ids,
-                                 mask_message)
+from ..decoding.generate import apply_chat, check_prompt_ids, mask_message
+from ..models.facts import context_limit, default_block_size, default_eos_ids
 from ..decoding.processing import Processing
 from ..decoding.rows import make_row, verify_width
 from ..decoding.trained_for import check_decoding
 from ..decoding.width_cost import forward_costs
 from ..errors import SBDError
+from ..models.facts import ModelFacts
 from .config import Limits, ServerConfig, default_max_tokens, server_defaults
 from .errors import APIError
 from .metrics import Metrics
@@ -28,11 +29,9 @@ class Server:
     def __init__(self, model, tokenizer, config: ServerConfig):
         self.model, self.tokenizer, self.config = model, tokenizer, config
         self.limits = config.limits or Limits()
-        self.default_block = default_block_size(model)
-        self.eos = default_eos_ids(model, tokenizer)
-        self.mask_id = getattr(model.config, "sbd_mask_token_id", None)
-        self.vocab = model.get_input_embeddings().num_embeddings
-        self.device = model.get_input_embeddings().weight.device
+        self.facts = ModelFacts.of(model, tokenizer)  # what requests are checked and decoded against
+        self.default_block = self.facts.block_size
+        self.mask_id = self.facts.mask_id
         self.metrics = Metrics()
         # adaptive drafting trades acceptance against the cost of a wider forward, timed once here at the
         # engine's full batch (the load the server is sized for)
@@ -44,7 +43,7 @@ class Server:
         width = max(2 * block + 1, verify_width(block, self.defaults.lookup_max if self.defaults.lookup else 0,
                                                 self.defaults.tree))
         self.width = width
-        limit = context_limit(model)  # prompt + max_tokens never run past the model's positions
+        limit = self.facts.context  # prompt + max_tokens never run past the model's positions
         self.max_len = min(config.max_model_len, limit) if limit else config.max_model_len
         self.max_prompt = min(config.max_prompt_tokens or self.max_len - 1, self.max_len - 1)
         if self.limits.max_tokens is None:  # left to the server: what fits this context beside a prompt
@@ -106,17 +105,16 @@ class Server:
 
     def jobs(self, prompt_ids: list[int], opts: Options) -> list[Job]:
         """The request's n rows (with a seed, row i samples with seed + i, as `sbd.generate` does)."""
-        if opts.method != "ntp" and self.mask_id is None:
-            raise APIError(400, "this model has no SBD mask token; use method ntp", param="method")
+        spec = opts.spec
         try:
             # plain SBD on a drafter not trained for it: refused, naming the request fields to send instead
-            check_decoding(self.model, opts.method, anchor=opts.anchor, interface="http")
+            check_decoding(self.model, spec.method, anchor=spec.anchor, interface="http")
         except SBDError as e:
             raise APIError(400, str(e), param="method") from None
-        if len(prompt_ids) + opts.max_tokens > self.max_len:
+        if len(prompt_ids) + spec.max_new_tokens > self.max_len:
             room = self.max_len - len(prompt_ids)
-            what = (f"max_tokens ({opts.max_tokens})" if opts.max_tokens_given else
-                    f"this server's default max_tokens ({opts.max_tokens}; the request sent none)")
+            what = (f"max_tokens ({spec.max_new_tokens})" if opts.max_tokens_given else
+                    f"this server's default max_tokens ({spec.max_new_tokens}; the request sent none)")
             fix = f": send max_tokens of at most {room}" if room >= 1 else ": send a shorter prompt"
             raise APIError(400, f"prompt ({len(prompt_ids)} tokens) + {what} exceeds this server's {self.max_len} "
                                 f"tokens per request{fix}", param="max_tokens", code="context_length_exceeded")
@@ -124,22 +122,14 @@ class Server:
             check_prompt_ids(self.model, self.tokenizer, [prompt_ids], prompt_ids)  # one prompt: "the prompt"
         except SBDError as e:
             raise APIError(400, str(e), param="prompt") from None
-        processing = Processing(**opts.processing)
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
         jobs = []
         for i in range(opts.n):
-            seed = opts.seed + i if opts.seed is not None and opts.temperature > 0 else None
-            try:
-                row = make_row(opts.method, prompt_ids, mask_id=self.mask_id, block_size=opts.block_size,
-                               gamma=opts.gamma, proxy=opts.proxy, draft=opts.draft, max_new=opts.max_tokens,
-                               eos=self.eos, stop=opts.stop, tokenizer=self.tokenizer, temperature=opts.temperature,
-                               seed=seed, device=self.device, cost=self.forward_cost, lookup=opts.lookup,
-                               lookup_max=opts.lookup_max, tree=opts.tree, processing=processing,
-                               fallback=opts.fallback, anchor=opts.anchor)
-            except SBDError as e:  # a combination the decoder refuses
-                raise APIError(400, str(e), param="method") from None
+            seed = opts.seed + i if opts.seed is not None and spec.temperature > 0 else None
+            row = make_row(spec, prompt_ids, mask_id=self.mask_id, eos=self.facts.eos_ids, tokenizer=self.tokenizer,
+                           seed=seed, device=self.facts.device, cost=self.forward_cost)
             if row.needs_extra > self.width:
                 raise APIError(400, f"this tree or lookup_max needs forwards {row.needs_extra} tokens wide; this "
-                                    f"server runs at most {self.width}", param="tree" if opts.tree else "lookup_max")
-            jobs.append(Job(row, opts.method, loop, events=events, index=i))
+                                    f"server runs at most {self.width}", param="tree" if spec.tree else "lookup_max")
+            jobs.append(Job(row, spec.method, loop, events=events, index=i))
         return jobs

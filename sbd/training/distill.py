@@ -76,7 +76,8 @@ def distill(model, tokenizer, prompts, out, *, chat: bool = True, max_new_tokens
     and in each record's `source`). model_name: the model as the user named it (default: its config's
     name_or_path). adopt: take over an output of an older sbd (no sidecar) after checking that every
     record answers the prompt at its index. Resume rules: `sbd.training.distill_file`."""
-    from ..decoding.generate import check_context, check_prompt_ids, default_eos_ids, encode_prompts
+    from ..decoding.generate import check_context, check_prompt_ids, encode_prompts
+    from ..models.facts import default_eos_ids
 
     if not isinstance(batch_size, int) or batch_size < 1:
         raise SBDError(f"batch_size must be an integer >= 1, got {batch_size!r}")
@@ -176,22 +177,24 @@ def decode(model, tokenizer, todo: list[int], ids: dict, *, batch_size: int, max
     import torch
 
     from ..decoding.engine import Engine
-    from ..decoding.generate import default_block_size, default_eos_ids
     from ..decoding.rows import make_row
+    from ..decoding.spec import DecodeSpec
+    from ..models.facts import ModelFacts
     from ..modes import eval_mode
 
     if not todo:
         return
-    device = model.get_input_embeddings().weight.device
-    eos = default_eos_ids(model, tokenizer)
+    facts = ModelFacts.of(model, tokenizer)
+    spec = DecodeSpec.build(facts, method="ntp", max_new_tokens=max_new_tokens,
+                            temperature=temperature)
 
     def new_row(i):
-        return make_row("ntp", ids[i], mask_id=None, max_new=max_new_tokens, eos=eos, stop=[], tokenizer=tokenizer,
-                        temperature=temperature, seed=seed + i if temperature > 0 else None, device=device)
+        return make_row(spec, ids[i], mask_id=None, eos=facts.eos_ids, tokenizer=tokenizer,
+                        seed=seed + i if temperature > 0 else None, device=facts.device)
 
     first = new_row(todo[0])
     capacity = max(len(ids[i]) for i in todo) + max_new_tokens + first.needs_extra
-    engine = Engine(model, min(batch_size, len(todo)), capacity, max_width=2 * default_block_size(model) + 1)
+    engine = Engine(model, min(batch_size, len(todo)), capacity, max_width=2 * facts.block_size + 1)
     engine.add(first)
     index = {id(first): todo[0]}
     waiting = iter(todo[1:])

@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 
 import sbd
-from sbd.decoding.generate import default_eos_ids, encode_prompts
+from sbd.decoding.generate import encode_prompts
+from sbd.models.facts import default_eos_ids
 
 
 def hf_batch(model, tokenizer, ids, max_new, eos):

@@ -1,0 +1,298 @@
+"""`DecodeSpec`: how to decode, decided in one place.
+
+Every entry point (`generate`, `sbd generate`, the server, lm-eval, the vLLM launcher) turns what its
+user gave into a spec with `DecodeSpec.resolve(model, **given)` (or `build(facts, defaults, **given)`
+where the model's facts are already read), and rows read the spec. Resolving fills each setting left
+out (None) with the default the model records (`sbd.decoding.defaults`, `sbd.models.facts`) and refuses
+every combination that would decode something other than asked, or read a setting nothing uses, with
+one line naming the field (`SpecError.field`).
+
+A refusal is written once and spelled the way each interface writes its settings
+(`SpecError.spelled`): `lookup=True` for Python, `--lookup` for the command line, `"lookup": true` over
+HTTP.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+from dataclasses import dataclass, field, fields, replace
+
+from ..errors import SBDError
+from ..models.facts import ModelFacts
+from ..sampler import PROXIES
+from .defaults import PLAIN, VerifySettings, model_defaults, tree_setting
+from .processing import Processing
+from .trained_for import SPELLINGS, check_decoding
+
+METHODS = ("ntp", "sbd", "sbd-verify")
+DRAFTS = ("block", "eb", "adaptive")  # how sbd-verify drafts: whole blocks, the EB rule, or a length per row
+GAMMA = 0.35  # the EB rule's bound when a call leaves gamma out
+PROXY = "entropy"
+PROCESSING = ("logit_bias", "presence_penalty", "frequency_penalty", "top_p", "logprobs")
+# a field as the server's requests name it, where that differs
+HTTP_NAMES = {"max_new_tokens": "max_tokens"}
+
+
+def _name(name: str, interface: str) -> str:
+    if interface == "cli" or (interface == "serve" and name != "anchor"):
+        return f"--{name.replace('_', '-')}"
+    return HTTP_NAMES.get(name, name) if interface in ("http", "serve") else name
+
+
+def spell(template: str, interface: str = "python") -> str:
+    """A refusal's template in one interface's words: `{lookup}` names a field, `{lookup=True}` names
+    it with a value (a Python literal, or a bare word for a string)."""
+    def one(m: re.Match) -> str:
+        name, eq, value = m.group(1).partition("=")
+        if not eq:
+            return _name(name, interface)
+        try:
+            value = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            value = float(value) if value in ("inf", "nan") else value  # else a bare word such as sbd-verify
+        if interface == "cli" and value is False:
+            return f"--no-{name.replace('_', '-')}"
+        return SPELLINGS[interface](HTTP_NAMES.get(name, name) if interface == "http" else name, value)
+
+    return re.sub(r"\{([a-z_]+(?:=[^{}]*)?)\}", one, template)
+
+
+class SpecError(SBDError):
+    """A refused decoding setting: `field` names it; `str()` is the Python spelling, `spelled(interface)`
+    the command line's ("cli", "serve") or HTTP's ("http")."""
+
+    def __init__(self, field: str, template: str):
+        self.field, self.template = field, template
+        super().__init__(spell(template))
+
+    def spelled(self, interface: str) -> str:
+        return spell(self.template, interface)
+
+    @property
+    def param(self) -> str:
+        """The request field an HTTP error names."""
+        return HTTP_NAMES.get(self.field, self.field)
+
+
+def _int(value, lowest: int = 1) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= lowest
+
+
+@dataclass(frozen=True)
+class DecodeSpec:
+    """How rows decode: a method and every setting it reads, defaults filled and combinations checked.
+
+    method: "sbd-verify" (lossless drafts), "ntp" or "sbd" (the paper's, lossy). block_size: tokens per
+    block. gamma, proxy: the EB rule (method sbd; sbd-verify with draft "eb"). draft, lookup,
+    lookup_max, tree: how sbd-verify drafts (`sbd.decoding.defaults.VerifySettings`); fallback: plain
+    steps while untrained masks' drafts fail. anchor (sbd): anchored on the next-token head.
+    reveal_per_forward (sbd): a fixed reveal schedule for timing. static_shapes, compile: fixed forward
+    widths, compiled. processing: OpenAI's logit processors and logprobs (ntp, sbd-verify)."""
+
+    method: str = "sbd-verify"
+    block_size: int = 16
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    gamma: float = GAMMA
+    proxy: str = PROXY
+    draft: str = "block"
+    lookup: bool = False
+    lookup_max: int = PLAIN.lookup_max
+    tree: tuple[int, ...] | None = None
+    fallback: bool = False
+    anchor: bool = False
+    reveal_per_forward: int | None = None
+    static_shapes: bool = False
+    compile: bool = False
+    stop: tuple[str, ...] = ()
+    processing: Processing = field(default_factory=Processing)
+
+    @property
+    def fixed_shapes(self) -> bool:
+        return self.static_shapes or self.compile
+
+    @property
+    def settings(self) -> VerifySettings | None:
+        """sbd-verify's drafting settings (None for the other methods)."""
+        if self.method != "sbd-verify":
+            return None
+        return VerifySettings(self.draft, self.lookup, self.lookup_max, self.tree, self.fallback)
+
+    @property
+    def eb_gamma(self) -> float | None:
+        """sbd-verify: the EB rule's bound its drafts are revealed by (draft "eb"), else None."""
+        return float(self.gamma) if self.draft == "eb" else None
+
+    @classmethod
+    def resolve(cls, model, *, defaults: VerifySettings | None = None, interface: str = "python",
+                **given) -> "DecodeSpec":
+        """The spec for `model` from the settings given (None: left out). defaults: greedy sbd-verify's
+        drafting settings for those left out (default: what the model records). Also refuses a method
+        the model's drafter was not trained for (`sbd.decoding.trained_for`, in `interface`'s words)."""
+        spec = cls.build(ModelFacts.of(model), defaults=model_defaults(model) if defaults is None else defaults,
+                         **given)
+        check_decoding(model, spec.method, anchor=spec.anchor, interface=interface)
+        return spec
+
+    @classmethod
+    def check(cls, **given) -> None:
+        """The checks that need no model: each setting given (not None) is valid and read by the rest
+        (the command line runs them before it loads a model). SpecError names the first that is not."""
+        _check_given({k: v for k, v in given.items() if v is not None})
+
+    @classmethod
+    def build(cls, facts: ModelFacts, *, defaults: VerifySettings = PLAIN, **given) -> "DecodeSpec":
+        """`resolve` on facts already read: the settings given, checked, and the defaults for the rest
+        (defaults: greedy sbd-verify's drafting settings; the plain ones unless given)."""
+        g = {k: v for k, v in given.items() if v is not None}
+        _check_given(g)
+        method, temperature = g.get("method", "sbd-verify"), g.get("temperature", 0.0)
+        verify, draft = method == "sbd-verify", g.get("draft")
+        # drafting settings: given, else the defaults where they are exact and fit (greedy sbd-verify)
+        base = defaults if verify and not temperature > 0 else PLAIN
+        chosen_draft = draft if draft is not None else base.draft
+        if chosen_draft == "eb":  # EB-revealed drafts take neither lookup nor trees
+            base = replace(base, lookup=False, tree=None)
+        if g.get("static_shapes") or g.get("compile"):
+            base = replace(base, tree=None)
+        lookup = g.get("lookup", base.lookup)
+        if "lookup_max" in g and not lookup:  # a setting nothing would read: said, not ignored
+            raise SpecError("lookup_max", LOOKUP_OFF)
+        tree = tree_setting(g.get("tree"))
+        block = g.get("block_size", facts.block_size)
+        if method != "ntp" and facts.context and block > facts.context:
+            raise SpecError("block_size", f"{{block_size={block}}} exceeds the model's {facts.context} positions")
+        if facts.mask_id is not None and not (isinstance(facts.mask_id, int) and 0 <= facts.mask_id < facts.vocab):
+            raise SBDError(f"the model's SBD mask token id {facts.mask_id!r} lies outside its {facts.vocab} "
+                           "embeddings (config.sbd_mask_token_id); add the token with sbd.add_mask_token(model, "
+                           "tokenizer)")
+        if method != "ntp" and facts.mask_id is None:
+            raise SpecError("method", "this model has no SBD mask token (config.sbd_mask_token_id); add one with "
+                                      "sbd.add_mask_token(model, tokenizer) and fine-tune it with `sbd train`, or "
+                                      "use {method=ntp}")
+        processing = _processing(g)
+        try:
+            processing.validate(facts.vocab)
+        except SBDError as e:
+            raise SpecError("logit_bias", str(e)) from None
+        return cls(method=method, block_size=block, max_new_tokens=g.get("max_new_tokens", 256),
+                   temperature=temperature, gamma=g.get("gamma", GAMMA), proxy=g.get("proxy", PROXY),
+                   draft=chosen_draft, lookup=lookup, lookup_max=g.get("lookup_max", base.lookup_max),
+                   tree=base.tree if tree == "default" else tree,
+                   fallback=verify and base.fallback and draft is None, anchor=g.get("anchor", False),
+                   reveal_per_forward=g.get("reveal_per_forward"), static_shapes=bool(g.get("static_shapes")),
+                   compile=bool(g.get("compile")), stop=tuple(g.get("stop", ())), processing=processing)
+
+
+LOOKUP_OFF = ("{lookup_max} sets the longest prompt-lookup draft, but lookup is off here (greedy sbd-verify with "
+              "{lookup=True} uses it)")
+FITS = "{method=sbd-verify} with greedy decoding ({temperature=0}) and {draft=block} or {draft=adaptive}"
+
+
+def _processing(g: dict) -> Processing:
+    """The processors given one by one (or as one `processing`), checked."""
+    if "processing" in g:
+        return g["processing"]
+    try:
+        return Processing(**{k: g[k] for k in PROCESSING if k in g})
+    except SBDError as e:
+        name = next((k for k in PROCESSING if str(e).startswith(k)), "logit_bias")
+        raise SpecError(name, str(e)) from None
+
+
+def _check_given(g: dict) -> None:
+    """`DecodeSpec.check` on the settings given (None dropped)."""
+    unknown = sorted(set(g) - OPTIONS)
+    if unknown:
+        raise SBDError(f"unknown decoding option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                       f"choose from {', '.join(sorted(OPTIONS))}")
+    method = g.get("method", "sbd-verify")
+    if method not in METHODS:
+        raise SpecError("method", f"unknown {{method={method}}}; choose one of {', '.join(METHODS)}")
+    temperature = g.get("temperature", 0.0)
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or \
+            not math.isfinite(temperature) or temperature < 0:
+        raise SpecError("temperature", f"{{temperature}} must be a finite number >= 0, got {temperature!r}")
+    greedy, verify = not temperature > 0, method == "sbd-verify"
+    draft = g.get("draft")
+    if draft is not None and draft not in DRAFTS:
+        raise SpecError("draft", f"unknown {{draft={draft}}}; choose one of {', '.join(DRAFTS)}")
+    if draft not in (None, "block") and not verify:
+        raise SpecError("draft", f"{{draft={draft}}} applies to {{method=sbd-verify}}; the other methods take no draft")
+    if draft in ("adaptive", "eb") and not greedy:
+        why = ("its draft lengths follow measured timings, so with sampling a seed would no longer reproduce the "
+               "sample" if draft == "adaptive" else "the acceptance rule of sampling needs every draft token drawn "
+               "from its own distribution, which out-of-order reveals break")
+        raise SpecError("draft", f"{{draft={draft}}} is greedy only: {why}; use {{draft=block}}")
+    fits = verify and greedy and draft != "eb"  # where lookup and trees apply (defaults never draft "eb")
+    static = bool(g.get("static_shapes")) or bool(g.get("compile"))
+    try:
+        tree = tree_setting(g.get("tree"))
+    except SBDError as e:
+        raise SpecError("tree", str(e)) from None
+    if tree not in ("default", None):
+        if not fits:
+            raise SpecError("tree", "{tree} applies to " + FITS)
+        if static:
+            raise SpecError("tree", "tree drafts have no fixed widths: {static_shapes=True} and {compile=True} refuse "
+                                    "{tree}")
+    lookup = g.get("lookup")
+    if lookup is not None and not isinstance(lookup, bool):
+        raise SpecError("lookup", f"{{lookup}} is true or false, got {lookup!r}")
+    if lookup and not fits:
+        raise SpecError("lookup", "{lookup=True} applies to " + FITS)
+    lookup_max = g.get("lookup_max")
+    if lookup_max is not None and not _int(lookup_max):
+        raise SpecError("lookup_max", f"{{lookup_max}} must be an integer >= 1, got {lookup_max!r}")
+    if lookup_max is not None and (lookup is False or not fits):
+        raise SpecError("lookup_max", LOOKUP_OFF)
+    # the EB rule: read by method sbd (unless a fixed schedule replaces it) and by sbd-verify's draft eb
+    reveal = g.get("reveal_per_forward")
+    if reveal is not None and (method != "sbd" or not _int(reveal)):
+        raise SpecError("reveal_per_forward", "{reveal_per_forward} is an integer >= 1 and applies to {method=sbd} "
+                                              "only")
+    reads_eb = (method == "sbd" and reveal is None) or (verify and draft == "eb")
+    for name in ("gamma", "proxy"):
+        value = g.get(name)
+        if value is not None and not reads_eb:
+            how = ("{method=sbd} reveals a fixed {reveal_per_forward} instead" if method == "sbd" else
+                   f"{{method=sbd-verify}} drafts with {{draft={draft or 'block'}}} here ({{draft=eb}} drafts by the "
+                   "EB rule)" if verify else f"{{method={method}}} does not use it")
+            raise SpecError(name, f"{{{name}={value!r}}} sets the EB rule, read by {{method=sbd}} and by "
+                                  f"{{method=sbd-verify}} with {{draft=eb}}; {how}")
+    gamma = g.get("gamma", GAMMA)
+    if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or math.isnan(gamma) or gamma < 0:
+        raise SpecError("gamma", f"{{gamma}} must be a number >= 0 (inf allowed), got {gamma!r}")
+    proxy = g.get("proxy", PROXY)
+    if proxy not in PROXIES:
+        raise SpecError("proxy", f"unknown {{proxy={proxy}}}; choose one of {', '.join(PROXIES)}")
+    anchor = g.get("anchor", False)
+    if not isinstance(anchor, bool):
+        raise SpecError("anchor", f"{{anchor}} is true or false, got {anchor!r}")
+    if anchor and method != "sbd":
+        raise SpecError("anchor", f"{{anchor=True}} applies to {{method=sbd}} (plain SBD anchored on the next-token "
+                                  f"head), not {{method={method}}}")
+    if anchor and (proxy != "entropy" or reveal is not None):
+        raise SpecError("proxy" if proxy != "entropy" else "reveal_per_forward",
+                        "{anchor=True} reveals left to right under the entropy bound: {proxy} and "
+                        "{reveal_per_forward} do not apply")
+    block = g.get("block_size")
+    if block is not None and not _int(block):
+        raise SpecError("block_size", f"{{block_size}} must be an integer >= 1, got {block!r}")
+    if not _int(g.get("max_new_tokens", 256)):
+        raise SpecError("max_new_tokens", f"{{max_new_tokens}} must be an integer >= 1, got {g['max_new_tokens']!r}")
+    stop = g.get("stop", ())
+    if isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop):
+        raise SpecError("stop", "{stop} must be a list of non-empty strings")
+    processing = _processing(g)
+    if method == "sbd" and not processing.is_default:
+        name = next(k for k in PROCESSING if getattr(processing, k) != getattr(Processing(), k))
+        raise SpecError(name, "{logit_bias}, {presence_penalty}, {frequency_penalty}, {top_p} and {logprobs} apply to "
+                              "{method=ntp} or {method=sbd-verify} (the next-token head); {method=sbd} reveals "
+                              "tokens with the masked head")
+
+
+# what `resolve` and `build` take: the spec's fields, and the processors one by one
+OPTIONS = frozenset({f.name for f in fields(DecodeSpec)} - {"fallback"}) | set(PROCESSING)

@@ -1,0 +1,94 @@
+"""What decoding needs to know about a loaded model, read in one place: how long a sequence it takes,
+its vocabulary, its SBD mask token, the block size its drafter was trained for, its EOS ids, where it
+runs, and the decoding configuration it records as measured best.
+
+`generate`, the server, lm-eval and the benchmarks read these through `ModelFacts.of(model, tokenizer)`
+instead of each asking the model's config again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..adapter import adapter_of
+from ..errors import SBDError
+
+FALLBACK_BLOCK = 16  # the block size of a model whose drafter records none
+
+
+def context_limit(model) -> int | None:
+    """Longest sequence the model's positions and attention support (sliding windows count)."""
+    cfg = model.config.get_text_config(decoder=True)
+    limits = [getattr(cfg, "max_position_embeddings", None), getattr(cfg, "sliding_window", None)]
+    limits = [int(x) for x in limits if isinstance(x, int) and x > 0]
+    return min(limits) if limits else None
+
+
+def default_eos_ids(model, tokenizer) -> list[int]:
+    """EOS ids from the tokenizer and the model's generation config (which may list several)."""
+    ids: set[int] = set()
+    for source in (getattr(tokenizer, "eos_token_id", None),
+                   getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif isinstance(source, (list, tuple)):
+            ids.update(int(x) for x in source)
+    return sorted(ids)
+
+
+def recorded_block_size(model) -> int | None:
+    """The block size a fully fine-tuned SBD model records as its measured best (`sbd_decoding` in its
+    config.json), if any; an adapter's trained block size comes first (`default_block_size`)."""
+    record = getattr(getattr(model, "config", None), "sbd_decoding", None)
+    size = record.get("block_size") if isinstance(record, dict) else None
+    if size is None:
+        return None
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise SBDError(f"the model's config.json (sbd_decoding): block_size is an integer >= 1, got {size!r}")
+    return size
+
+
+def default_block_size(model) -> int:
+    """The block size a drafting adapter attached to `model` was trained for, else the one the model
+    records as measured best, else 16."""
+    adapter = adapter_of(model)
+    if adapter is not None:
+        return int(adapter.config.block_size)
+    return recorded_block_size(model) or FALLBACK_BLOCK
+
+
+def decoding_record(model) -> tuple[dict, str] | None:
+    """The measured decoding configuration the model records, and where: its drafting adapter's
+    `adapter_config.json` ("decoding"), else its config.json ("sbd_decoding"); None when neither does."""
+    adapter = adapter_of(model)
+    record = getattr(adapter.config, "decoding", None) if adapter is not None else None
+    if record:
+        return record, "the drafting adapter's adapter_config.json"
+    record = getattr(getattr(model, "config", None), "sbd_decoding", None)
+    if record:
+        return record, "the model's config.json (sbd_decoding)"
+    return None
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """A loaded model as decoding sees it (module docstring). context: None when the config names no
+    limit; mask_id: None for a model without the SBD mask token; eos_ids: () without a tokenizer's or
+    generation config's EOS."""
+
+    context: int | None
+    vocab: int
+    mask_id: int | None
+    block_size: int
+    eos_ids: tuple[int, ...]
+    device: torch.device
+
+    @classmethod
+    def of(cls, model, tokenizer=None) -> "ModelFacts":
+        embeddings = model.get_input_embeddings()
+        mask_id = getattr(model.config, "sbd_mask_token_id", None)
+        return cls(context=context_limit(model), vocab=int(embeddings.num_embeddings), mask_id=mask_id,
+                   block_size=default_block_size(model), eos_ids=tuple(default_eos_ids(model, tokenizer)),
+                   device=embeddings.weight.device)
