@@ -21,6 +21,7 @@ from ..sampler_head import head_of
 from ..modes import eval_mode
 from ..sampler import PROXIES
 from .defaults import VerifySettings, recorded_block_size, resolve
+from .draft_policy import DraftOptions
 from .engine import Engine, ForwardRecord
 from .processing import Processing
 from .rows import VerifyRow, make_row
@@ -326,6 +327,7 @@ def generate(
     frequency_penalty: float = 0.0,
     top_p: float = 1.0,
     logprobs: int | None = None,
+    draft_options: DraftOptions | None = None,
 ) -> GenerationResult:
     """Decode `prompts` with NTP, SBD or SBD with verified drafts. Every row stops on its own.
 
@@ -395,6 +397,8 @@ def generate(
     count); top_p (0, 1] samples from the nucleus (temperature > 0). logprobs=k (0..20): `logprobs`
     of the result holds, for every returned token, its logprob and the k most likely alternatives,
     read from the model's raw next-token distribution (temperature 1, before bias, penalties, top_p).
+    draft_options (sbd-verify): the drafting switches experiments turn
+    (`sbd.decoding.draft_policy.DraftOptions`; None: the defaults).
     """
     if block_size is None:
         block_size = default_block_size(model)
@@ -448,7 +452,7 @@ def generate(
     rows = [make_row(method, p, mask_id=mask_id, block_size=block_size, gamma=gamma, proxy=proxy, draft=draft,
                      fixed=reveal_per_forward, anchor=anchor, fallback=fallback, seed=s, cost=cost, lookup=lookup,
                      lookup_max=lookup_max, tree=tree,
-                     processing=processing,
+                     processing=processing, draft_options=draft_options,
                      **common)
             for p, s in zip(prompt_ids, seeds)]
     k = min(block_size, max_new_tokens)
