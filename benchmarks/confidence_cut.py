@@ -1,8 +1,8 @@
-"""Adaptive drafts cut by the drafter's confidence (`VerifyRow.REFUSAL_COST`), against not cut, interleaved.
+"""Adaptive drafts cut by the drafter's confidence (`DraftOptions.refusal_cost`), against not cut, interleaved.
 
 Why: in sbd-verify a refused draft costs more than its refused tokens: the masks behind it drafted for the
 wrong places, so the next forward has no draft and yields one token. With adaptive drafting each masks'
-draft is now cut before the place the drafter is unsure of (`sbd.decoding.rows.confident_length`); this
+draft is now cut before the place the drafter is unsure of (`sbd.decoding.draft_lengths.confident_length`); this
 measures that against the same code with the cut off, on the same prompts, configurations taking turns
 on every batch. The answers are the model's greedy answers either way; the script counts them.
 
@@ -18,18 +18,20 @@ import time
 import torch
 
 
-def run(model, tok, prompts, refusals, batch: int, max_new: int, **kw) -> dict:
-    """Every refusal cost on every batch of prompts, interleaved; totals per setting."""
+def run(model, tok, prompts, refusals, batch: int, max_new: int, head_chains: bool = False, **kw) -> dict:
+    """Every refusal cost on every batch of prompts, interleaved; totals per setting. head_chains: cut
+    the sampler head's chains too."""
     import sbd
-    from sbd.decoding.rows import VerifyRow
+    from sbd.decoding.draft_policy import DraftOptions
 
     totals = {r: {"nfe": 0, "tokens": 0, "seconds": 0.0, "answers": []} for r in refusals}
     sbd.generate(model, tok, prompts[:batch], method="sbd-verify", max_new_tokens=8, **kw)  # warm-up, width costs
     for i in range(0, len(prompts), batch):
         for refusal in refusals:
-            VerifyRow.REFUSAL_COST = refusal
+            options = DraftOptions(refusal_cost=refusal, cut_head_chains=head_chains)
             t = time.perf_counter()
-            r = sbd.generate(model, tok, prompts[i : i + batch], method="sbd-verify", max_new_tokens=max_new, **kw)
+            r = sbd.generate(model, tok, prompts[i : i + batch], method="sbd-verify", max_new_tokens=max_new,
+                             draft_options=options, **kw)
             tot = totals[refusal]
             tot["seconds"] += time.perf_counter() - t
             tot["nfe"] += sum(r.nfe)
@@ -57,14 +59,11 @@ def main() -> None:
     ap.add_argument("--refusals", default="0.5,1", help="refusal costs to try besides not cut")
     ap.add_argument("--head-chains", action="store_true",
                     help="smollm2: also cut the chains its sampler head draws "
-                         "(VerifyRow.CUT_HEAD_CHAINS; off by default)")
+                         "(DraftOptions.cut_head_chains; off by default)")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     import sbd
-    from sbd.decoding.rows import VerifyRow
-
-    VerifyRow.CUT_HEAD_CHAINS = args.head_chains
 
     refusals = [None] + [float(x) for x in args.refusals.split(",")]
     if args.model == "demo":
@@ -83,7 +82,7 @@ def main() -> None:
 
         model, tok = sbd.load("smollm2")
         prompts = encode_prompts(tok, load_prompts(args.prompts)[: args.n], chat=True)
-        totals = run(model, tok, prompts, refusals, 1, 128)
+        totals = run(model, tok, prompts, refusals, 1, 128, head_chains=args.head_chains)
         cut = "head chains cut too" if args.head_chains else "head chains not cut (the default)"
         report(f"SmolLM2 + adapter and sampler head, its defaults (lookup, else the head's chain, adaptive; {cut}), "
                f"{args.n} prompts of {args.prompts}, batch 1", totals)

@@ -1,6 +1,6 @@
 """Is the drafter's probability the chance that its token stands? The calibration adaptive drafting relies on.
 
-`sbd.decoding.rows.confident_length` cuts a draft by reading each draft token's drafting probability (the
+`sbd.decoding.draft_lengths.confident_length` cuts a draft by reading each draft token's drafting probability (the
 masks' softmax; with a sampler head, the head's softmax over the masks' top candidates) as the chance
 that the next-token head keeps it, once the tokens before it were kept. This counts, per probability
 bucket, how often that held, over whole-block drafts (width made free and the refusal cost 0, so that no
@@ -23,12 +23,14 @@ def collect(model, tok, prompts, max_new: int, block_size: int) -> tuple[dict[in
     """{bucket (tenths): [draft tokens tried there, of which kept]} over every verified masks' draft, and
     counts of forwards, of those with no draft (after a refusal) and of drafts kept in full."""
     import sbd
+    from sbd.decoding.draft_policy import DraftOptions
     from sbd.decoding.rows import VerifyRow
 
     gen = importlib.import_module("sbd.decoding.generate")
     gen.forward_costs = lambda m, batch=1: (lambda w: 1.0)  # free width: adaptive drafts whole blocks
-    VerifyRow.REFUSAL_COST = 0.0  # with free width, nothing is cut: every place is tried
-    VerifyRow.CUT_HEAD_CHAINS = True  # the head's probabilities too
+    # with free width and no refusal cost nothing is cut, so every place is tried; the head's
+    # probabilities are read too
+    options = DraftOptions(refusal_cost=0.0, cut_head_chains=True)
     counts: dict[int, list[int]] = defaultdict(lambda: [0, 0])
     forwards = {"forwards": 0, "with no draft": 0, "drafts": 0, "drafts kept in full": 0}
     base = VerifyRow.answer
@@ -48,7 +50,8 @@ def collect(model, tok, prompts, max_new: int, block_size: int) -> tuple[dict[in
                 bucket = counts[min(int(p * 10), 9)]
                 bucket[0] += 1
                 bucket[1] += i < kept
-        self._probs_of_draft = self.chain_probs[: len(self.draft)] if self.chain_probs is not None else None
+        probs = self.chain.probs
+        self._probs_of_draft = probs[: len(self.draft)] if probs is not None else None
         self._was_lookup = self.from_lookup
         return out
 
@@ -56,7 +59,7 @@ def collect(model, tok, prompts, max_new: int, block_size: int) -> tuple[dict[in
     try:
         for p in prompts:
             sbd.generate(model, tok, [p], method="sbd-verify", draft="adaptive", lookup=False, tree="chain",
-                         block_size=block_size, max_new_tokens=max_new)
+                         block_size=block_size, max_new_tokens=max_new, draft_options=options)
     finally:
         VerifyRow.answer = base
     return counts, forwards

@@ -234,7 +234,7 @@ def test_a_full_model_may_record_its_block_size():
 # -- masks never trained for drafting: plain steps while their drafts fail --------------------------------
 def test_untrained_masks_step_aside_to_plain_steps_and_keep_the_tokens():
     from sbd.decoding.defaults import UNTRAINED
-    from sbd.decoding.rows import VerifyRow
+    from sbd.decoding.draft_policy import DraftOptions
 
     model = _model.__wrapped__("llama")  # no adapter and no record of SBD training: untrained masks
 
@@ -248,7 +248,7 @@ def test_untrained_masks_step_aside_to_plain_steps_and_keep_the_tokens():
     out, widths = decode()
     assert out.settings.fallback and out.token_ids[0] == hf_greedy(model, PROMPT, 160)
     late = widths[len(widths) // 2:]  # long after the first refusals: a probe (masks, then a draft) per 16
-    assert sum(w > 1 for w in late) <= 2 * (len(late) // VerifyRow.PROBE_EVERY + 1) < len(late) // 2
+    assert sum(w > 1 for w in late) <= 2 * (len(late) // DraftOptions().probe_every + 1) < len(late) // 2
     chosen, widths_b = decode(draft="block")  # whole blocks asked for: no fallback
     assert not chosen.settings.fallback and chosen.token_ids == out.token_ids and all(w > 1 for w in widths_b)
 

@@ -21,7 +21,7 @@ from sbd.decoding.rows import VerifyRow
 
 def _row(seq, lookup_max=3):
     row = VerifyRow(seq, block_size=4, mask_id=31, lookup=True, lookup_max=lookup_max, max_new=10)
-    return row._lookup()
+    return row.lookup_index.propose(row.out, row.lookup_max)
 
 
 def test_lookup_takes_the_latest_match_of_the_longest_ngram():

@@ -18,8 +18,10 @@ from test_verify import MASK, TwoHeadLM
 
 import sbd
 from sbd import adapter as adapters
-from sbd.decoding import lookup, trees
+from sbd.decoding import trees
 from sbd.decoding.engine import Engine
+from sbd.decoding.proposers import lookup
+from sbd.decoding.proposers.lookup import LookupIndex
 from sbd.decoding.rows import VerifyRow, make_row
 from sbd.decoding.spec import DecodeSpec
 
@@ -42,11 +44,11 @@ def _grown(prompt, tokens, cap, rng):
     """A lookup row whose output grows by 1-5 tokens at a time (as verifying forwards commit them); the
     row's lookup and the oracle after every growth."""
     row = VerifyRow(prompt, block_size=4, mask_id=MASK, lookup=True, lookup_max=cap, max_new=len(tokens) + 1)
-    got, want = [row._lookup()], [scan_lookup(list(prompt), cap)]
+    got, want = [row.lookup_index.propose(row.out, cap)], [scan_lookup(list(prompt), cap)]
     shared = [lookup.draft(list(prompt), cap)]  # the rule as the vLLM plug-in calls it
     while len(row.out) < len(tokens):
         row.out += tokens[len(row.out) : len(row.out) + rng.randint(1, 5)]
-        got.append(row._lookup())
+        got.append(row.lookup_index.propose(row.out, cap))
         want.append(scan_lookup(row.prompt + row.out, cap))
         shared.append(lookup.draft(row.prompt + row.out, cap))
     assert shared == want
@@ -70,8 +72,7 @@ def test_the_index_drafts_what_the_scan_drafted(alphabet):
 
 def test_the_index_keeps_the_scans_rules():
     def lookup(seq, cap=16):
-        row = VerifyRow(seq, block_size=4, mask_id=MASK, lookup=True, lookup_max=cap, max_new=4)
-        got = row._lookup()
+        got = LookupIndex(seq).propose([], cap)
         assert got == scan_lookup(seq, cap)
         return got
 
@@ -95,15 +96,16 @@ def test_the_index_reads_each_token_once():
             super().__setitem__(key, value)
 
     row = VerifyRow(list(range(3, 203)), block_size=4, mask_id=MASK, lookup=True, max_new=100)
-    row._index = {g: Counting() for g in row._index}
-    row._lookup()
+    index = row.lookup_index
+    index.index = {g: Counting() for g in index.index}
+    index.propose(row.out, 16)
     assert Counting.sets == 197 + 198  # every start but the tail's, for 3- and 2-grams
     for step in range(30):
         row.out += [5] * (step % 3)
-        row._lookup()
+        index.propose(row.out, 16)
     n = len(row.prompt) + len(row.out)
-    assert Counting.sets == (n - 3) + (n - 2) and len(row._seq) == n
-    assert row._index[2][(5, 5)] == n - 3  # the latest start before the tail's
+    assert Counting.sets == (n - 3) + (n - 2) and len(index.seq) == n
+    assert index.index[2][(5, 5)] == n - 3  # the latest start before the tail's
 
 
 # -- masks only where they can be used ------------------------------------------------------------------
@@ -148,7 +150,7 @@ def test_a_forward_after_a_maskless_one_yields_a_token_when_lookup_then_finds_no
 
 # -- adaptive drafting: lookup drafts as long as lookup's own record says pays --------------------------
 def test_best_lookup_length_follows_lookups_record_and_the_cost_of_width():
-    from sbd.decoding.rows import best_lookup_length
+    from sbd.decoding.draft_lengths import best_lookup_length
 
     linear = lambda slope: (lambda w: 1.0 + slope * (w - 1))  # noqa: E731
     assert best_lookup_length(0.95, linear(0.0), 16) == 16  # free width: the whole continuation

@@ -297,10 +297,10 @@ def test_an_untrained_head_or_a_switched_off_one_changes_nothing(kw, cheap_width
         adapters.detach(model)
 
 
-def test_head_chains_cut_by_the_heads_confidence_stay_exact(cheap_width, monkeypatch):
-    """VerifyRow.CUT_HEAD_CHAINS (off by default): adaptive drafts of the head's chain cut by the head's
+def test_head_chains_cut_by_the_heads_confidence_stay_exact(cheap_width):
+    """DraftOptions.cut_head_chains (off by default): adaptive drafts of the head's chain cut by the head's
     probability of each pick, with a refusal made dear so that cuts happen; the tokens stay greedy."""
-    from sbd.decoding.rows import VerifyRow
+    from sbd.decoding.draft_policy import DraftOptions
 
     model = _model("llama", seed=4)
     prompts = random_prompts(3, model.config.vocab_size, seed=35)
@@ -310,9 +310,8 @@ def test_head_chains_cut_by_the_heads_confidence_stay_exact(cheap_width, monkeyp
     try:
         fed = {}
         for cut in (False, True):
-            monkeypatch.setattr(VerifyRow, "CUT_HEAD_CHAINS", cut)
-            monkeypatch.setattr(VerifyRow, "REFUSAL_COST", 50.0)
-            out, rec = _run(model, prompts, draft="adaptive")
+            out, rec = _run(model, prompts, draft="adaptive",
+                            draft_options=DraftOptions(cut_head_chains=cut, refusal_cost=50.0))
             assert out.token_ids == want
             fed[cut] = rec.ids
         assert fed[True] != fed[False]  # the cut changed the drafts fed

@@ -237,7 +237,7 @@ def test_a_tree_feed_sees_each_nodes_own_path_and_keeps_one_path(prefill):
 
 
 def test_adaptive_drafting_prices_the_branches():
-    from sbd.decoding.rows import best_draft_length
+    from sbd.decoding.draft_lengths import best_draft_length
 
     cost = lambda w: 1 + 0.05 * (w - 1)  # noqa: E731
     assert best_draft_length(0.9, cost, 15, tree=(1,)) == best_draft_length(0.9, cost, 15)  # no branch
@@ -254,12 +254,12 @@ def _second_best(p):
     return {4 if _script(p) != 4 else 5: 10.0, _script(p): 9.0}
 
 
-def test_a_right_second_candidate_is_kept_from_a_branch(monkeypatch):
-    from sbd.decoding.rows import VerifyRow
+def test_a_right_second_candidate_is_kept_from_a_branch():
+    from sbd.decoding.draft_policy import DraftOptions
 
-    monkeypatch.setattr(VerifyRow, "REUSE_LEFTOVER", False)  # the masks' top-1 is always wrong here
     model = TwoHeadLM(_script, _second_best)
-    kw = dict(method="sbd-verify", block_size=4, max_new_tokens=20, eos_token_ids=[])
+    kw = dict(method="sbd-verify", block_size=4, max_new_tokens=20, eos_token_ids=[],
+              draft_options=DraftOptions(reuse_leftover=False))  # the masks' top-1 is always wrong here
     chain = sbd.generate(model, None, [[5, 6, 7]], **kw)
     tree = sbd.generate(model, None, [[5, 6, 7]], tree=(2,), **kw)
     want = [_script(p) for p in range(3, 23)]
@@ -502,11 +502,12 @@ def test_tree_misuse_is_refused_in_one_line(llama, kw, match):
     assert "\n" not in str(e.value)
 
 
-def test_rows_refuse_a_sampled_or_eb_tree_in_one_line():
-    with pytest.raises(sbd.SBDError, match="greedy only"):
-        VerifyRow([5, 6], block_size=4, mask_id=31, tree=(2,), max_new=8, temperature=1.0, seed=0)
-    with pytest.raises(sbd.SBDError, match="draft='eb'"):
-        VerifyRow([5, 6], block_size=4, mask_id=31, tree=(2,), max_new=8, eb_gamma=0.3)
+def test_a_sampled_or_eb_tree_is_refused_in_one_line():
+    with pytest.raises(sbd.SBDError, match="with greedy decoding") as e:
+        DecodeSpec.check(tree=(2,), max_new_tokens=8, temperature=1.0)
+    assert e.value.field == "tree"
+    with pytest.raises(sbd.SBDError, match="draft='block' or draft='adaptive'"):
+        DecodeSpec.check(tree=(2,), max_new_tokens=8, draft="eb", gamma=0.3)
     with pytest.raises(sbd.SBDError, match="method='sbd-verify'"):
         DecodeSpec.check(method="sbd", tree=(2,), max_new_tokens=8)
 

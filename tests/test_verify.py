@@ -66,7 +66,7 @@ def test_perfect_drafts_fill_a_whole_block_per_forward(block_size):
 
 
 def test_leftover_draft_takes_the_refused_drafts_later_places():
-    from sbd.decoding.rows import leftover_draft
+    from sbd.decoding.proposers.chain import leftover_draft
 
     draft = [10, 11, 12, 13, 14]
     assert leftover_draft(draft, 1, 99) == [12, 13, 14]   # draft[1] replaced by 99: places 2.. stay
@@ -74,16 +74,15 @@ def test_leftover_draft_takes_the_refused_drafts_later_places():
     assert leftover_draft(draft, 4, 99) == [] and leftover_draft([], 0, 5) == []
 
 
-def test_a_refused_drafts_later_places_are_verified_next(monkeypatch):
-    from sbd.decoding.rows import VerifyRow
+def test_a_refused_drafts_later_places_are_verified_next():
+    from sbd.decoding.draft_policy import DraftOptions
 
     wrong_every_5th = lambda p: (4 if _script(p) != 4 else 5) if p % 5 == 0 else _script(p)  # noqa: E731
     model = TwoHeadLM(_script, wrong_every_5th)
     kw = dict(method="sbd-verify", block_size=8, max_new_tokens=40, eos_token_ids=[])
-    assert VerifyRow.REUSE_LEFTOVER is False  # off by default (measured worse on real drafts)
+    assert DraftOptions().reuse_leftover is False  # off by default (measured worse on real drafts)
     fresh = sbd.generate(model, None, [[5, 6, 7]], **kw)
-    monkeypatch.setattr(VerifyRow, "REUSE_LEFTOVER", True)
-    reuse = sbd.generate(model, None, [[5, 6, 7]], **kw)
+    reuse = sbd.generate(model, None, [[5, 6, 7]], draft_options=DraftOptions(reuse_leftover=True), **kw)
     want = [_script(p) for p in range(3, 43)]
     assert reuse.token_ids[0] == fresh.token_ids[0] == want
     # after a refusal at a multiple of 5, the old draft's later places (right) are kept in the next
@@ -231,7 +230,7 @@ def linear(c):
 
 
 def test_best_draft_length_follows_acceptance_and_cost():
-    from sbd.decoding.rows import best_draft_length
+    from sbd.decoding.draft_lengths import best_draft_length
 
     assert best_draft_length(0.3, linear(0.04), 15) == 1  # drafts mostly refused: the narrowest draft
     assert best_draft_length(0.95, linear(0.0), 15) == 15  # free width: draft as far as allowed
@@ -244,7 +243,7 @@ def test_best_draft_length_follows_acceptance_and_cost():
 
 
 def test_confident_length_stops_before_the_place_the_drafter_is_unsure_of():
-    from sbd.decoding.rows import confident_length
+    from sbd.decoding.draft_lengths import confident_length
 
     free, dear = linear(0.0), linear(0.3)
     assert confident_length([0.99] * 7, free, 8, 0.5) == 7  # sure all along, width free: all of it
@@ -263,7 +262,7 @@ def test_adaptive_drafts_cut_by_confidence_stay_exact(model, monkeypatch):
     tokens stay NTP's, alone and in a batch, cut or not."""
     import importlib
 
-    from sbd.decoding.rows import VerifyRow
+    from sbd.decoding.draft_policy import DraftOptions
 
     g = importlib.import_module("sbd.decoding.generate")
     monkeypatch.setattr(g, "forward_costs", lambda m, batch=1: linear(0.0))
@@ -271,12 +270,13 @@ def test_adaptive_drafts_cut_by_confidence_stay_exact(model, monkeypatch):
     ntp = sbd.generate(model, None, prompts, method="ntp", max_new_tokens=40)
     fed = {}
     for refusal in (None, 50.0):
-        monkeypatch.setattr(VerifyRow, "REFUSAL_COST", refusal)
+        options = DraftOptions(refusal_cost=refusal)
         drafts = fed[refusal] = []  # row 0 alone, per forward: the draft tokens fed (committed part less the head)
         out = sbd.generate(model, None, prompts[:1], method="sbd-verify", draft="adaptive", block_size=8,
-                           max_new_tokens=40, observer=lambda r: drafts.append(r.commits[0] - 1))
+                           max_new_tokens=40, observer=lambda r: drafts.append(r.commits[0] - 1),
+                           draft_options=options)
         batch = sbd.generate(model, None, prompts, method="sbd-verify", draft="adaptive", block_size=8,
-                             max_new_tokens=40)
+                             max_new_tokens=40, draft_options=options)
         assert out.token_ids == ntp.token_ids[:1] and batch.token_ids == ntp.token_ids
         assert batch.nfe[0] == out.nfe[0] and batch.accepted[0] == out.accepted[0]  # batch = alone
     assert max(fed[None][1:]) == 7  # not cut: a draft after a fully kept one is the whole block's 7

@@ -84,8 +84,8 @@ def main() -> None:
 
     import sbd
     from sbd.benchmarking.ties import near_ties
+    from sbd.decoding.draft_policy import DraftOptions
     from sbd.decoding.generate import encode_prompts
-    from sbd.decoding.rows import VerifyRow
     from sbd.models.narrow_linear import linear_layers
     from sbd.sampler_head import enabled
     from sbd.tasks.prompts import load_prompts
@@ -109,15 +109,12 @@ def main() -> None:
 
     def run(c, p, max_new):
         kw = parse(c, args.block_size)
-        VerifyRow.REUSE_LEFTOVER = kw.pop("reuse_leftover", False)
-        VerifyRow.ADAPTIVE_LOOKUP = not kw.pop("fixed_lookup", False)
-        try:
-            with enabled(model, kw.pop("sampler_head", True)), linear_layers(model, False if kw.pop("flinear", False) else None):
-                t0 = time.perf_counter()
-                r = sbd.generate(model, tok, [p], max_new_tokens=max_new, **kw)
-                return r, time.perf_counter() - t0
-        finally:
-            VerifyRow.REUSE_LEFTOVER, VerifyRow.ADAPTIVE_LOOKUP = False, True
+        options = DraftOptions(reuse_leftover=kw.pop("reuse_leftover", False),
+                               adaptive_lookup=not kw.pop("fixed_lookup", False))
+        with enabled(model, kw.pop("sampler_head", True)), linear_layers(model, False if kw.pop("flinear", False) else None):
+            t0 = time.perf_counter()
+            r = sbd.generate(model, tok, [p], max_new_tokens=max_new, draft_options=options, **kw)
+            return r, time.perf_counter() - t0
 
     for c in configs:  # warm-up, untimed: first calls, and adaptive drafting's one-off timing of forward widths
         run(c, ids[0], 8)

@@ -20,11 +20,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from ..errors import SBDError
-from .rows import VerifyRow
+from .draft_policy import LOOKUP_MAX
 from .trees import check_shape
 
 CHAIN_WORDS = ("chain", "none", "off")  # what a user writes to turn tree drafts off
-DEFAULT_LOOKUP_MAX = VerifyRow.LOOKUP_MAX  # the longest prompt-lookup draft
+DEFAULT_LOOKUP_MAX = LOOKUP_MAX  # the longest prompt-lookup draft
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class VerifySettings:
     lookup_max: int = DEFAULT_LOOKUP_MAX
     tree: tuple[int, ...] | None = None
     # whole-block drafts that step aside to plain next-token steps while the masks' drafts almost never
-    # stand (`VerifyRow.FALLBACK_ALPHA`): the default for masks that were never trained for drafting
+    # stand (`DraftOptions.fallback_alpha`): the default for masks that were never trained for drafting
     fallback: bool = False
 
     def describe(self) -> str:

@@ -198,7 +198,8 @@ def generate(model, tokenizer, prompts, spec: DecodeSpec | None = None, *, seed:
 
     spec: how to decode (`sbd.decoding.spec.DecodeSpec.resolve(model, ...)`); or leave it out and give
     the settings below as keywords (they are resolved into one). seed, eos_token_ids, observer and
-    chat belong to the call.
+    chat belong to the call. draft_options: sbd-verify's drafting switches for experiments
+    (`sbd.decoding.draft_policy.DraftOptions`; default: the measured best).
 
     method: "sbd-verify" (the default) drafts with the masked head and checks every draft token with the
     model's own next-token predictions: exactly NTP's output (greedy: the same tokens; sampling: the same

@@ -23,6 +23,7 @@ from ..errors import SBDError
 from ..models.facts import ModelFacts
 from ..sampler import PROXIES
 from .defaults import PLAIN, VerifySettings, model_defaults, tree_setting
+from .draft_policy import DraftOptions
 from .processing import Processing
 from .trained_for import SPELLINGS, check_decoding
 
@@ -89,7 +90,8 @@ class DecodeSpec:
     lookup_max, tree: how sbd-verify drafts (`sbd.decoding.defaults.VerifySettings`); fallback: plain
     steps while untrained masks' drafts fail. anchor (sbd): anchored on the next-token head.
     reveal_per_forward (sbd): a fixed reveal schedule for timing. static_shapes, compile: fixed forward
-    widths, compiled. processing: OpenAI's logit processors and logprobs (ntp, sbd-verify)."""
+    widths, compiled. processing: OpenAI's logit processors and logprobs (ntp, sbd-verify).
+    draft_options: sbd-verify's drafting switches for experiments (`sbd.decoding.draft_policy.DraftOptions`)."""
 
     method: str = "sbd-verify"
     block_size: int = 16
@@ -108,6 +110,7 @@ class DecodeSpec:
     compile: bool = False
     stop: tuple[str, ...] = ()
     processing: Processing = field(default_factory=Processing)
+    draft_options: DraftOptions = field(default_factory=DraftOptions)
 
     @property
     def fixed_shapes(self) -> bool:
@@ -183,7 +186,8 @@ class DecodeSpec:
                    tree=base.tree if tree == "default" else tree,
                    fallback=verify and base.fallback and draft is None, anchor=g.get("anchor", False),
                    reveal_per_forward=g.get("reveal_per_forward"), static_shapes=bool(g.get("static_shapes")),
-                   compile=bool(g.get("compile")), stop=tuple(g.get("stop", ())), processing=processing)
+                   compile=bool(g.get("compile")), stop=tuple(g.get("stop", ())), processing=processing,
+                   draft_options=g.get("draft_options") or DraftOptions())
 
 
 LOOKUP_OFF = ("{lookup_max} sets the longest prompt-lookup draft, but lookup is off here (greedy sbd-verify with "
@@ -286,6 +290,10 @@ def _check_given(g: dict) -> None:
     stop = g.get("stop", ())
     if isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop):
         raise SpecError("stop", "{stop} must be a list of non-empty strings")
+    options = g.get("draft_options")
+    if options is not None and not isinstance(options, DraftOptions):
+        raise SpecError("draft_options", f"{{draft_options}} is a sbd.decoding.draft_policy.DraftOptions, got "
+                                         f"{type(options).__name__}")
     processing = _processing(g)
     if method == "sbd" and not processing.is_default:
         name = next(k for k in PROCESSING if getattr(processing, k) != getattr(Processing(), k))

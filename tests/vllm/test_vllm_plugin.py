@@ -58,17 +58,14 @@ def run(folder, prompts_file, out, *args) -> dict:
 
 # -- fast: no engine ---------------------------------------------------------------------------------
 def test_lookup_matches_sbd():
-    """The proposer's prompt lookup is sbd's (`VerifyRow._lookup`) token for token."""
-    from sbd.decoding.rows import VerifyRow
+    """The proposer's prompt lookup is sbd's (`LookupIndex`, what `VerifyRow` drafts with) token for token."""
+    from sbd.decoding.proposers.lookup import LookupIndex
     from sbd.integrations.vllm.proposer import lookup
 
     rng = np.random.default_rng(0)
     for trial in range(300):
         seq = rng.integers(0, 6 if trial % 2 else 30, size=int(rng.integers(1, 60))).tolist()
-        row = VerifyRow.__new__(VerifyRow)
-        row.prompt, row.out, row._seq, row._indexed, row.lookup_max = list(seq), [], list(seq), 0, 15
-        row._index = {g: {} for g in VerifyRow.LOOKUP_NGRAMS}
-        assert lookup(np.array(seq), 15) == row._lookup(), seq
+        assert lookup(np.array(seq), 15) == LookupIndex(seq).propose([], 15), seq
 
 
 def test_cpu_expand_fix():
@@ -199,7 +196,7 @@ def test_adaptive_steps_aside(tiny, tmp_path):
                "--override", "sbd_cost_slope=10", "--override", "sbd_lookup=true")
     assert dear["tokens"] == greedy
     st = dear["stats"]
-    probes = st["steps"] // 16 + 2 * len(greedy)  # VerifyRow.PROBE_EVERY, per request
+    probes = st["steps"] // 16 + 2 * len(greedy)  # DraftOptions.probe_every, per request
     assert st["lookup_drafts"] + st["mask_drafts"] <= probes, st
     assert st["empty_drafts"] >= 0.85 * st["steps"], st  # plain steps for (nearly) every request
     # one decision per engine step (8 requests at once): plain engine steps bar one probe step in 16

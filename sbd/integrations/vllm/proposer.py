@@ -12,11 +12,11 @@ vLLM schedules the draft as speculative tokens, verifies them with its own rejec
 refuses the masks (their logit is -inf), so the outputs are vLLM's outputs without speculation. A lookup
 draft goes without masks, as in sbd (`VerifyRow.feed`): if it all stands, lookup drafts again.
 
-Drafting (`sbd_draft`): "adaptive" (default) is sbd's `draft="adaptive"` per request, with sbd's own
-rules (`sbd.decoding.rows`): the number of masks from the masks' acceptance record (`best_draft_length`,
-a one-token probe every `VerifyRow.PROBE_EVERY` plain steps), a lookup draft only as long as pays on
+Drafting (`sbd_draft`): "adaptive" (default) is sbd's `draft="adaptive"` per request: each request
+holds a `DraftPolicy` (`sbd.decoding.draft_policy`), the object every sbd-verify row holds: the number
+of masks from the masks' acceptance record (`best_draft_length`), a lookup draft only as long as pays on
 lookup's record (`best_lookup_length`), a chain of the masks' argmax cut where they are unsure
-(`confident_length`; a sampler head's chains are not cut, `VerifyRow.CUT_HEAD_CHAINS`). The cost those
+(`confident_length`; a sampler head's chains are not cut, `DraftOptions.cut_head_chains`). The cost those
 rules price widths with is this engine's, measured online (`StepCost`), apart for forwards with masks
 and without (the same compiled graph, but the stash and the gate's bookkeeping are theirs alone). In a batch of B requests a
 request's extra width delays all B, so its cost is 1 + B·(T(B − 1 + w)/T(B) − 1) (T: step time at a
@@ -24,8 +24,10 @@ total width): drafting then pays only when the tokens it adds beat that, and whe
 any request the proposer returns no drafts, so vLLM runs the step as it would without speculation.
 Then one decision for the whole step (`_decide`): the step's expected tokens per unit of measured time
 (T(total width)/T(B)) against a plain step's B tokens, dropping the least valuable drafts first while that
-pays; a plain step when nothing does. Probes are batch-wide: after `PROBE_EVERY` − 1 plain engine steps,
-one step lets every request put up a one-token probe (undecided), so at most one probe step in 16.
+pays; a plain step when nothing does. Where sbd's rows always draft at least one lookup token, a lookup
+draft that does not pay is a plain step here (`DraftPolicy.lookup_length`, skip_unpaid). Probes are
+batch-wide: after `DraftOptions.probe_every` − 1 plain engine steps, one step lets every request put up
+a one-token probe (undecided), so at most one probe step in 16.
 "block": always k masks (`sbd_masks`) and full lookup drafts (the fixed rule, for comparison/tests).
 
 Settings (model config keys, `hf_overrides` can set them): `sbd_masks` (k, the most masks; default the
@@ -51,17 +53,27 @@ from collections import deque
 
 import torch
 
-from sbd.decoding import lookup as sbd_lookup
-from sbd.decoding.rows import VerifyRow, best_draft_length, best_lookup_length, confident_length, expected_tokens
+from sbd.decoding.draft_lengths import expected_tokens
+from sbd.decoding.draft_policy import DEFAULT_OPTIONS, DraftOptions, DraftPolicy
+from sbd.decoding.proposers import chain as mask_chain
+from sbd.decoding.proposers import lookup as sbd_lookup
 
 
 def lookup(seq, lookup_max: int) -> list[int]:
-    """Prompt lookup as sbd does it: `sbd.decoding.lookup.draft` (the rule `VerifyRow._lookup` uses)."""
+    """Prompt lookup as sbd does it: `sbd.decoding.proposers.lookup.draft` (the scan; sbd's rows keep
+    its index, `LookupIndex`, which drafts the same tokens)."""
     return sbd_lookup.draft(seq, lookup_max)
 
 
 def _find_runner(proposer, depth: int = 8):
-    """The model runner that owns `proposer`: the caller of `load_model` (vLLM passes only the model)."""
+    """The model runner that owns `proposer`: the caller of `load_model`.
+
+    vLLM 0.32 gives a `custom_class` proposer no handle on its runner: the class is built with the
+    `VllmConfig` alone (`create_custom_proposer`), `load_model` gets the model alone, and `propose` gets
+    `sampled_token_ids`, the batch's `num_tokens_no_spec` and `token_ids_cpu` arrays and `slot_mappings`,
+    never the request ids, the drafts scheduled or `query_start_loc` (the built-in proposers that need
+    them, EAGLE and the GPU n-gram one, are handed the runner itself). The forward context holds neither.
+    So the runner is the frame that called `load_model` with this proposer as its `drafter`, found once."""
     frame = sys._getframe(2)
     for _ in range(depth):
         if frame is None:
@@ -144,24 +156,22 @@ class StepCost:
 
 
 class _Req:
-    """A request's adaptive-drafting record, as `VerifyRow` keeps it."""
+    """A request: its drafting policy (the one `VerifyRow` holds), where this step's draft came from
+    ("masks", "lookup", None) and the last step that saw it."""
 
-    __slots__ = ("kept", "refused", "n_masks", "plain_steps", "lookup_skips", "source", "seen")
+    __slots__ = ("policy", "source", "seen")
 
-    def __init__(self, masks: int):
-        self.kept = {"masks": 0, "lookup": 0}
-        self.refused = {"masks": 0, "lookup": 0}
-        self.n_masks = masks  # masks the next mask draft feeds (adaptive: from the masks' record)
-        self.plain_steps = 0
-        self.lookup_skips = 0  # lookup drafts not put up because none paid (a one-token probe every PROBE_EVERY)
-        self.source = None  # where this step's draft came from ("masks", "lookup", None)
+    def __init__(self, masks: int, options: DraftOptions):
+        self.policy = DraftPolicy(masks, options)
+        self.source = None
         self.seen = 0
 
 
 class SBDProposer:
-    PROBE_EVERY = VerifyRow.PROBE_EVERY
-
-    def __init__(self, vllm_config):
+    def __init__(self, vllm_config, options: DraftOptions | None = None):
+        """vllm_config: what vLLM builds a `custom_class` proposer with; options: the drafting switches
+        (`DraftOptions`; vLLM passes none: the defaults)."""
+        self.options = options or DEFAULT_OPTIONS
         spec = vllm_config.speculative_config
         self.num_spec = int(spec.num_speculative_tokens)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
@@ -191,7 +201,7 @@ class SBDProposer:
         block = adapter.block_size if adapter is not None else 0
         self.masks = min(int(getattr(self.cfg, "sbd_masks", block)), self.num_spec) if adapter is not None else 0
         self.lookup_on = bool(getattr(self.cfg, "sbd_lookup", decoding.get("lookup", adapter is None)))
-        self.lookup_max = min(int(getattr(self.cfg, "sbd_lookup_max", decoding.get("lookup_max", 16))), self.num_spec)
+        self.lookup_max = min(int(getattr(self.cfg, "sbd_lookup_max", decoding.get("lookup_max", self.options.lookup_max))), self.num_spec)
         self.head = model.sbd_head if getattr(self.cfg, "sbd_sampler_head", True) else None
         self.adaptive = str(getattr(self.cfg, "sbd_draft", "adaptive")) == "adaptive"
         slope = getattr(self.cfg, "sbd_cost_slope", None)
@@ -233,44 +243,21 @@ class SBDProposer:
 
     # -- drafting -----------------------------------------------------------------------------------
     def _record(self, r: _Req, spec, sampled) -> None:
-        """This step's outcome in the record of its draft's source (`VerifyRow._record` / `_adapt`)."""
+        """This step's outcome in the record of its draft's source (`DraftPolicy.record`)."""
         n = len(spec)
         while n and spec[n - 1] == self.mask_id:
             n -= 1
         if r.source is not None and n:
             kept = min(len(sampled) - 1, n)
-            r.kept[r.source] += kept
-            r.refused[r.source] += kept < n
-
-    def _adapt(self, r: _Req, cost, probe: bool) -> None:
-        """The next mask draft's mask count from the masks' record (`VerifyRow._adapt`)."""
-        if self.masks <= 1:
-            r.n_masks = self.masks
-            return
-        kept, refused = r.kept["masks"], r.refused["masks"]
-        d = best_draft_length((kept + 1) / (kept + refused + 2), cost, self.masks - 1)
-        r.plain_steps = r.plain_steps + 1 if d == 0 else 0
-        if d == 0 and probe:
-            d = 1  # a probe: masks now, a one-token draft verified in the next step
-        r.n_masks = d + 1 if d else 0
+            r.policy.record(r.source, kept, kept < n)
 
     def _lookup_draft(self, r: _Req, seq, room: int, cost, probe: bool) -> list[int]:
         found = lookup(seq, min(self.lookup_max, room))
         if self.mask_id in found:  # a mask token copied from a prompt: never a draft token
             found = found[: found.index(self.mask_id)]
-        if found and cost is not None:
-            kept, refused = r.kept["lookup"], r.refused["lookup"]
-            alpha = (kept + 1) / (kept + refused + 2)
-            d = best_lookup_length(alpha, cost, len(found))
-            # steps aside: a lookup draft that does not pay even at its best length is a plain step
-            # (sbd always drafts >= 1 to keep lookup's record growing: here only as a probe)
-            if expected_tokens(alpha, d) / cost(d + 1) < 1.0 / cost(1) - 1e-12:
-                r.lookup_skips += 1
-                if not probe:
-                    return []
-                d = 1
-            found = found[:d]
-        return found
+        # a lookup draft that does not pay even at its best length is a plain step here (sbd's rows
+        # always draft >= 1 to keep lookup's record growing: here only as a probe)
+        return found[: r.policy.lookup_length(len(found), cost, skip_unpaid=True, probe=probe)]
 
     @torch.inference_mode()
     def _chains(self, stash, want: dict[int, int], sampled) -> dict[int, tuple[list[int], list[float] | None]]:
@@ -293,11 +280,8 @@ class SBDProposer:
             logits = self.model.sbd_mask_logits(hidden)
         chains, at = {}, 0
         if self.head is None:
-            if self.adaptive and VerifyRow.REFUSAL_COST is not None:
-                top = logits.softmax(-1).max(-1)
-                best, probs = top.indices.tolist(), top.values.tolist()
-            else:
-                best, probs = logits.argmax(-1).tolist(), None
+            best, probs = mask_chain.masks_top(logits, self.adaptive and self.options.cuts_chains(False))
+            best, probs = best.tolist(), probs.tolist() if probs is not None else None
             for i, _, c in keep:
                 chains[i] = (best[at : at + c], probs[at : at + c] if probs is not None else None)
                 at += c
@@ -335,14 +319,12 @@ class SBDProposer:
         for i, d in enumerate(drafts):
             if not d:
                 continue
-            r = self._reqs[req_ids[i]]
+            policy = self._reqs[req_ids[i]].policy
             if d[-1] == self.mask_id:
                 k = len(d) - d.index(self.mask_id)
-                kept, refused = r.kept["masks"], r.refused["masks"]
-                tokens, width = expected_tokens((kept + 1) / (kept + refused + 2), k - 1), 2 * k
+                tokens, width = expected_tokens(policy.alpha("masks"), k - 1), 2 * k
             else:
-                kept, refused = r.kept["lookup"], r.refused["lookup"]
-                tokens, width = expected_tokens((kept + 1) / (kept + refused + 2), len(d)), 1 + len(d)
+                tokens, width = expected_tokens(policy.alpha("lookup"), len(d)), 1 + len(d)
             gains.append((tokens - 1.0, max(1, width - 1), i, d[-1] == self.mask_id))
         gains.sort(key=lambda g: g[0] / g[1], reverse=True)
         best, best_n = batch / ratio(batch), 0
@@ -377,9 +359,9 @@ class SBDProposer:
         # measured (no prior knows the jump from a 1-token to a 2-token step), this step goes plain
         # (a width near it measured is read from there: `StepCost.near`, `time` interpolates by width)
         explore = self.adaptive and self.fixed_slope is None and active and not self.cost_model.near(active)
-        # probes are batch-wide: one step in PROBE_EVERY after a run of plain steps lets every request whose
+        # probes are batch-wide: one step in `probe_every` after a run of plain steps lets every request whose
         # record says no draft pays put up a one-token probe (and is not trimmed by the batch decision)
-        probe = self.adaptive and self._plain_run >= self.PROBE_EVERY - 1
+        probe = self.adaptive and self._plain_run >= self.options.probe_every - 1
         drafts: list[list[int]] = [[] for _ in range(nreq)]
         wants_chain: dict[int, int] = {}
         for i, sampled in enumerate(sampled_token_ids):
@@ -389,11 +371,11 @@ class SBDProposer:
             self.stats["tokens"] += len(sampled)
             r = self._reqs.get(req_ids[i])
             if r is None:
-                r = self._reqs[req_ids[i]] = _Req(self.masks)
+                r = self._reqs[req_ids[i]] = _Req(self.masks, self.options)
             r.seen = self._step
             if self.adaptive:
                 self._record(r, specs[i], sampled)
-                self._adapt(r, mask_cost, probe)
+                r.policy.adapt(mask_cost, probe)  # the next mask draft's mask count, probes batch-wide
             r.source = None
             if explore:
                 continue
@@ -406,8 +388,8 @@ class SBDProposer:
                 draft = self._lookup_draft(r, token_ids_cpu[i, :n].tolist(), room, cost, probe)
                 if draft:
                     r.source = "lookup"
-            if not draft and min(r.n_masks, room):
-                wants_chain[i] = min(r.n_masks, room)
+            if not draft and min(r.policy.n_masks, room):
+                wants_chain[i] = min(r.policy.n_masks, room)
             drafts[i] = draft
         if wants_chain:
             chains = self._chains(stash, wants_chain, sampled_token_ids) if stash is not None else {}
@@ -415,7 +397,7 @@ class SBDProposer:
                 chain, probs = chains.get(i, ([], None))
                 chain = chain[: min(self.num_spec, self.max_model_len - int(num_tokens_no_spec[i]) - 1) - k]
                 if probs is not None and mask_cost is not None:  # adaptive: as far as the drafter is sure
-                    chain = chain[: confident_length(probs[: len(chain)], mask_cost, k, VerifyRow.REFUSAL_COST)]
+                    chain = chain[: self._reqs[req_ids[i]].policy.confident(probs[: len(chain)], mask_cost, k)]
                 drafts[i] = chain + [self.mask_id] * k
                 self._reqs[req_ids[i]].source = "masks"
         if self.adaptive and not probe and any(drafts):

@@ -1,0 +1,75 @@
+"""The masks' chain: the next draft read from the masks a verifying forward fed behind its draft (their
+argmax, each token with its drafting probability when the chain is to be cut by confidence, or the
+sampler head's re-ranking, `head`), and what is left of a refused draft for the forward after it."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from . import head
+
+
+def masks_top(logits: torch.Tensor, probs: bool):
+    """The masks' top-1 at every place, (tokens, their softmax probabilities or None)."""
+    if not probs:
+        return logits.argmax(-1), None
+    top = logits.float().softmax(-1).max(-1)
+    return top.indices, top.values
+
+
+class MaskChain:
+    """One row's chain: `values` on the device in `ask`, `propose` on the host in `answer`. Between
+    them it remembers how the values are laid out (m tokens; the head's table; probabilities)."""
+
+    def __init__(self):
+        self.m = 0  # tokens in the last chain asked for
+        self.table = 0  # values the sampler head's table took (0: the masks' argmax)
+        self.sends_probs = False  # each token's drafting probability was asked for too
+        self.probs: list[float] | None = None  # those probabilities, read with the chain
+
+    @property
+    def width(self) -> int:
+        """Values the chain takes among a row's values (the head's table, else one per token)."""
+        return self.table or self.m
+
+    def values(self, masks: torch.Tensor, drafting, at: int, first: torch.Tensor, probs: bool) -> torch.Tensor:
+        """The chain from `masks` (the masks' logits for its places): their argmax, or the head's table
+        when a `sbd.sampler_head.Drafting` is given (`at`: where `masks` starts among the row's logits;
+        `first`: the next-token head's token before them). probs: send each token's probability."""
+        self.table, self.m = 0, masks.shape[0]
+        self.sends_probs = probs = probs and self.m > 0
+        if drafting is None or self.m == 0:
+            tokens, p = masks_top(masks, probs)
+            return tokens.double() if p is None else torch.cat([tokens.double(), p.double()])
+        table = head.values(drafting, masks, at, first, probs)
+        self.table = table.numel()
+        return table
+
+    def propose(self, values) -> list[int]:
+        """The chain from the values `values` produced (they lead `values`); its tokens' probabilities,
+        when they were sent, go to `probs`."""
+        m, self.probs = self.m, None
+        if self.table:
+            if not self.sends_probs:
+                return head.propose(values[: self.table], m, False)
+            chain, self.probs = head.propose(values[: self.table], m, True)
+            return chain
+        if self.sends_probs:
+            self.probs = [float(v) for v in values[m : 2 * m]]
+        return [int(v) for v in values[:m]]
+
+
+def leftover_draft(draft: Sequence[int], kept: int, next_token: int) -> list[int]:
+    """A draft for the forward after a refused one, from the refused draft itself (greedy).
+
+    The masks draft each block position from the committed prefix, not from the draft tokens before it,
+    so the draft tokens after a refused one are guesses for the same places as before: with `kept`
+    draft tokens kept and the model's `next_token` in place of draft[kept], the next places are those of
+    draft[kept + 1:]. If the model's token is the one drafted a place later (the draft had one token too
+    many), the rest from there on. Verification decides, so this only changes what is proposed."""
+    rest = list(draft[kept + 1 :])
+    if rest and rest[0] == next_token:
+        return rest[1:]
+    return rest

@@ -1,0 +1,30 @@
+"""A tree draft's branches: the masks' top candidates at the tree's declared depths, asked on the device
+(`values`), read on the host and grown into paths by their summed log-probabilities (`propose`,
+`sbd.decoding.trees.beam_paths`). The tree's shape, mask, walk and compaction are `sbd.decoding.trees`."""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+from .. import trees
+
+
+def values(masks: torch.Tensor, depth: int, width: int) -> list[torch.Tensor]:
+    """The masks' top `width` candidates and their log-probabilities at the first `depth` places."""
+    top = torch.log_softmax(masks[:depth].float(), dim=-1).topk(width, dim=-1)
+    return [top.indices.double().flatten(), top.values.double().flatten()]
+
+
+def propose(shape: Sequence[int], values, depth: int, width: int, mask_id: int,
+            extra: Sequence[Sequence[int]] = ()) -> list[list[int]]:
+    """The branches of a tree of widths `shape` from the candidates `values` lead with (as `values`
+    made them), plus `extra` chains (the masks' own beside a lookup draft). The mask token is no
+    candidate (a tiny vocabulary can rank it)."""
+    cand = [[int(v) for v in values[d * width : (d + 1) * width]] for d in range(depth)]
+    at = depth * width
+    cand_lp = [[-math.inf if t == mask_id else v
+                for t, v in zip(cand[d], values[at + d * width : at + (d + 1) * width])] for d in range(depth)]
+    return trees.beam_paths(shape, cand, cand_lp) + [list(c) for c in extra]
