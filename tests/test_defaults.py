@@ -10,7 +10,7 @@ import pytest
 from conftest import _model, attach_random_adapter, hf_greedy
 
 import sbd
-from sbd import adapter as adapters
+from sbd.drafters import adapter as adapters
 from sbd.decoding.defaults import GENERAL, PLAIN, VerifySettings, model_defaults, resolve
 from sbd.errors import SBDError
 

@@ -113,7 +113,7 @@ def model_defaults(model) -> VerifySettings:
     `GENERAL`, or `UNTRAINED` when its masks were never trained for drafting (no adapter and no record
     of SBD training, `sbd.decoding.trained_for`): whole blocks that give way to plain steps while they
     are refused, so an untrained model never runs slower than plain decoding for long."""
-    from ..adapter import adapter_of
+    from ..drafters.adapter import adapter_of
     from .trained_for import trained_for
 
     adapter = adapter_of(model)

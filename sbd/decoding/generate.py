@@ -15,9 +15,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..adapter import adapter_of
+from ..drafters.adapter import adapter_of
 from ..errors import SBDError
-from ..sampler_head import head_of
+from ..drafters.sampler_head import head_of
 from ..modes import eval_mode
 from ..sampler import PROXIES
 from .defaults import VerifySettings, recorded_block_size, resolve

@@ -32,7 +32,7 @@ import torch
 from ..errors import SBDError
 from ..masks import tree_mask
 from ..sampler import entropy_and_argmax, error_proxy, pick_tokens
-from ..sampler_head import walk
+from ..drafters.sampler_head import walk
 from . import lookup, trees
 from .anchored import AnchoredRow
 from .engine import Feed
@@ -312,7 +312,7 @@ class VerifyRow(Row):
     verifies a lookup draft, chain or tree, feeds no masks: they would only draft the next forward if
     every draft token stood, and then lookup drafts it again (`feed`).
 
-    Sampler head (`sbd.sampler_head`; greedy whole-block or adaptive drafts, chain or tree): when the
+    Sampler head (`sbd.drafters.sampler_head`; greedy whole-block or adaptive drafts, chain or tree): when the
     engine hands `ask` a `Drafting`, the masks' chain (the next draft, or a tree's main chain) is drawn
     by the head instead of the masks' argmax: each position rescored among the masks' top candidates
     given the token chosen before it. Branches stay the masks' own candidates. Sampling and draft="eb"
@@ -402,7 +402,7 @@ class VerifyRow(Row):
 
     def _chain_values(self, masks: torch.Tensor, drafting, at: int, first: torch.Tensor) -> torch.Tensor:
         """The masks' chain for the next draft (positions 2.. of the masks, `masks`): their argmax, or the
-        sampler head's table (`sbd.sampler_head.draft_table`) when a `Drafting` is given. `at`: where
+        sampler head's table (`sbd.drafters.sampler_head.draft_table`) when a `Drafting` is given. `at`: where
         `masks` starts among the row's logits; `first`: the next-token head's token before them."""
         self._head_chain, self._chain_m = 0, masks.shape[0]
         # adaptive chains are cut by the drafter's confidence (`confident_length`): send it along
@@ -506,7 +506,7 @@ class VerifyRow(Row):
         return parts
 
     def ask(self, logits: torch.Tensor, drafting=None) -> torch.Tensor:
-        """drafting: a `sbd.sampler_head.Drafting` (the engine passes one when the model has an enabled
+        """drafting: a `sbd.drafters.sampler_head.Drafting` (the engine passes one when the model has an enabled
         sampler head and `drafts_with_head`): the next draft's chain comes from the head."""
         self._head_chain = 0
         if self.refining is not None:
