@@ -36,7 +36,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     import sbd
-    from sbd import adapter as adapters
+    from sbd.drafters import adapter as adapters
     from sbd.training.adapter_forward import adapter_logits, kl_sum
     from sbd.training.attention import training_logits
     from sbd.training.collator import IGNORE, SBDDataCollator

@@ -8,6 +8,7 @@ Where things live (imports point one way, down this list):
   sbd.training     the SBD recipe: collator, loss, SBDTrainer, `train(TrainConfig)`
   sbd.decoding     `generate`, `DecodeSpec` (how to decode, resolved in one place), the rows, the KV cache
   sbd.models       `load`, the conformance probe, `add_mask_token`, tiny random models
+  sbd.drafters     what a drafter ships: the drafting adapter and the sampler head (config, folder, attach)
   sbd.tasks        seeded reasoning tasks with worked solutions and their scorers
   sbd.sampler, sbd.masks   the EB rule and the attention masks (the method's two rules); sbd.modes
 """

@@ -76,8 +76,8 @@ def pytest_runtest_makereport(item, call):
 def restore_shared_models() -> list[str]:
     """Every shared tiny model as built: no drafting adapter, no sampler head, on DEVICE, in eval mode, its
     weights trainable. Returns what a test had left changed that changes what the next test computes."""
-    from sbd import adapter as adapters
-    from sbd import sampler_head as heads
+    from sbd.drafters import adapter as adapters
+    from sbd.drafters import sampler_head as heads
 
     left = []
     for (arch, seed), m in _MODELS.items():
@@ -157,7 +157,7 @@ def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
 def attach_random_adapter(model, seed=0, scale=0.5, r=4):
     """Attach a drafting adapter whose updates are large and random (a fresh one would be the identity); it
     says it fits both decodings, so that the tests can drive the gate through plain SBD too."""
-    from sbd import adapter as adapters
+    from sbd.drafters import adapter as adapters
 
     ad = adapters.attach(model, adapters.AdapterConfig(r=r, block_size=4, trained_for=["sbd", "sbd-verify"]))
     try:

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from transformers import DynamicCache
 
 import sbd
-from sbd import adapter as adapters
+from sbd.drafters import adapter as adapters
 from sbd.errors import SBDError
 from sbd.models.cache_arg import with_cache
 from sbd.models import tiny

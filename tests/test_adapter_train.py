@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 import sbd
-from sbd import adapter as adapters
+from sbd.drafters import adapter as adapters
 from sbd.cli import main
 from sbd.models import tiny
 

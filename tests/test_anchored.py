@@ -11,8 +11,8 @@ import torch
 
 import sbd
 from sbd import SBDError
-from sbd import adapter as adapters
-from sbd import sampler_head as heads
+from sbd.drafters import adapter as adapters
+from sbd.drafters import sampler_head as heads
 from sbd.decoding.anchored import AnchoredRow
 
 from conftest import _model, attach_random_adapter, hf_greedy, random_prompts

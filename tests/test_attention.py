@@ -130,7 +130,7 @@ def test_routed_attention_with_an_adapter_and_causal_blocks(llama, monkeypatch):
         b, _, plans = _run(llama, "auto", prompts, method="sbd-verify", block_size=4, draft="block", lookup=False)
         assert a.token_ids == b.token_ids and a.nfe == b.nfe and plans
     finally:
-        from sbd import adapter as adapters
+        from sbd.drafters import adapter as adapters
 
         adapters.detach(llama)
 

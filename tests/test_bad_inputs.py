@@ -75,7 +75,7 @@ def test_train_refusals(root, tmp_path, capsys):
 
 
 def test_a_full_disk_during_a_save_is_one_line(root, tmp_path, capsys, monkeypatch):
-    from sbd import adapter as adapters
+    from sbd.drafters import adapter as adapters
 
     def full(model, folder):
         raise OSError(28, "No space left on device", str(folder))

@@ -95,7 +95,7 @@ def test_time_forwards_times_a_drafting_adapter_on_the_block_as_decoding_runs_it
     """The eq.-16 limit of an adapter model must include the adapter's cost: each timed forward gates the
     positions after its committed tokens, as the decoding loops do, and no other forward."""
     from conftest import _model, attach_random_adapter
-    from sbd import adapter as adapters
+    from sbd.drafters import adapter as adapters
 
     model = _model("llama")
     ad = attach_random_adapter(model)

@@ -19,7 +19,7 @@ import torch
 from conftest import attach_random_adapter, trainable_adapted
 from safetensors.torch import load_file
 
-from sbd import adapter as adapters
+from sbd.drafters import adapter as adapters
 from sbd.cli import main
 from sbd.errors import SBDError
 from sbd.models import tiny

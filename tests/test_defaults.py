@@ -12,7 +12,7 @@ import pytest
 from conftest import _model, attach_random_adapter, hf_greedy
 
 import sbd
-from sbd import adapter as adapters
+from sbd.drafters import adapter as adapters
 from sbd.decoding.defaults import GENERAL, PLAIN, VerifySettings, model_defaults
 from sbd.decoding.spec import DecodeSpec
 from sbd.models.facts import ModelFacts

@@ -9,8 +9,8 @@ import torch
 from conftest import DEVICE, _model, attach_random_adapter, restore_shared_models
 
 import device_audit
-from sbd import adapter as adapters
-from sbd import sampler_head as heads
+from sbd.drafters import adapter as adapters
+from sbd.drafters import sampler_head as heads
 from sbd.masks import tree_mask
 
 

@@ -22,7 +22,7 @@ PACKAGE = "sbd"
 LAYERS = [
     ["sbd.errors", "sbd._version", "sbd.interrupts"],
     ["sbd.modes", "sbd.masks", "sbd.sampler", "sbd.tasks"],
-    ["sbd.adapter", "sbd.sampler_head"],
+    ["sbd.drafters"],
     ["sbd.models"],
     ["sbd.decoding"],
     ["sbd.training", "sbd.evaluation", "sbd.benchmarking"],

@@ -15,7 +15,7 @@ from conftest import attach_random_adapter, hf_greedy, random_prompts
 from test_verify import TwoHeadLM
 
 import sbd
-from sbd import adapter as adapters
+from sbd.drafters import adapter as adapters
 from sbd.decoding.rows import VerifyRow
 
 

@@ -17,7 +17,7 @@ from test_lookup import _cycle
 from test_verify import MASK, TwoHeadLM
 
 import sbd
-from sbd import adapter as adapters
+from sbd.drafters import adapter as adapters
 from sbd.decoding import trees
 from sbd.decoding.engine import Engine
 from sbd.decoding.proposers import lookup

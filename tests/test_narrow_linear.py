@@ -17,7 +17,7 @@ from conftest import attach_random_adapter, hf_greedy, random_prompts
 from torch import nn
 
 import sbd
-from sbd import adapter as adapters
+from sbd.drafters import adapter as adapters
 from sbd.models import narrow_linear as narrow
 from sbd.models.narrow_linear import NarrowLinear, use_narrow_linear, uses_narrow_linear
 

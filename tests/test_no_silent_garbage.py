@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import sbd
-from sbd import adapter as adapters
+from sbd.drafters import adapter as adapters
 from sbd.cli import main
 from sbd.decoding.trained_for import check_decoding, trained_for
 from sbd.errors import SBDError

@@ -16,11 +16,11 @@ import pytest
 import torch
 from conftest import _model, attach_random_adapter, trainable_adapted
 
-from sbd import adapter as adapters
+from sbd.drafters import adapter as adapters
 from sbd.cli import main
 from sbd.errors import SBDError
 from sbd.models import tiny
-from sbd.sampler_head import capture_output_input
+from sbd.drafters.sampler_head import capture_output_input
 from sbd.training.adapter_forward import adapter_logits, latent_sum
 from sbd.training.collator import IGNORE, SBDDataCollator
 from sbd.training.trainer import SBDTrainer, sbd_training_args

@@ -17,7 +17,7 @@ from test_verify import MASK, V, TwoHeadLM, _exact_marginals  # noqa: F401
 from transformers import LogitsProcessor, LogitsProcessorList, TopPLogitsWarper
 
 import sbd
-from sbd import adapter as adapters
+from sbd.drafters import adapter as adapters
 from sbd.decoding.engine import Engine
 from sbd.decoding.processing import Processing, nucleus, target_probs
 from sbd.decoding.rows import make_row

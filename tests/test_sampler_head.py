@@ -1,4 +1,4 @@
-"""The sampler head (`sbd.sampler_head`): drafts that see each other, never the output.
+"""The sampler head (`sbd.drafters.sampler_head`): drafts that see each other, never the output.
 
 Decoding: the head's table walked on the host equals a plain left-to-right rescoring; with random
 non-zero heads over random adapters, greedy sbd-verify still equals Hugging Face greedy on four
@@ -20,8 +20,8 @@ from conftest import _model, attach_random_adapter, hf_greedy, random_prompts
 from safetensors.torch import load_file
 
 import sbd
-from sbd import adapter as adapters
-from sbd import sampler_head as heads
+from sbd.drafters import adapter as adapters
+from sbd.drafters import sampler_head as heads
 from sbd.cli import main
 from sbd.models import tiny
 

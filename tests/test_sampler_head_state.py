@@ -20,8 +20,8 @@ from conftest import _model, attach_random_adapter, hf_greedy, random_prompts
 from test_sampler_head import _argv, _run, _setup, attach_random_head, head_training_forward, random_positions
 
 import sbd
-from sbd import adapter as adapters
-from sbd import sampler_head as heads
+from sbd.drafters import adapter as adapters
+from sbd.drafters import sampler_head as heads
 from sbd.cli import main
 
 

@@ -145,6 +145,6 @@ def test_random_joins_leaves_and_steps_keep_every_row_on_its_own_cache(arch, pre
                     checked += 1
         assert checked >= SEQUENCES  # the traffic really finishes rows
     finally:
-        from sbd import adapter as adapters
+        from sbd.drafters import adapter as adapters
 
         adapters.detach(model)

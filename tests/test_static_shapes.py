@@ -79,7 +79,7 @@ def test_compiled_decoding_with_a_drafting_adapter_and_rows_that_finish_apart():
     batch whose rows stop at different times (idle slots fill the batch up to a power of two): the same
     tokens, forwards and accepted drafts as eager (plain SBD's tokens depend on the adapter, so its hooks
     ran inside the compiled graph), a few graphs only, and none more for new prompts."""
-    from sbd import adapter as adapters
+    from sbd.drafters import adapter as adapters
     from sbd.models import tiny
 
     cfg = tiny.tiny_config("llama", vocab_size=64, hidden=32, layers=1, heads=2, kv_heads=1, context=256)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import _model, attach_random_adapter
 
-from sbd import adapter as adapters
+from sbd.drafters import adapter as adapters
 from sbd.cli import main
 from sbd.models import tiny
 from sbd.training import trainer as trainer_module

@@ -18,7 +18,7 @@ from test_verify import EOS, TwoHeadLM
 from transformers import DynamicCache
 
 import sbd
-from sbd import adapter as adapters
+from sbd.drafters import adapter as adapters
 from sbd.decoding import trees
 from sbd.decoding.cache import SlotLayer
 from sbd.models.cache_arg import with_cache

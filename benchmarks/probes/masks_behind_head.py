@@ -42,10 +42,10 @@ EXTRA_GATED: set[int] = set()  # batch 1: feed columns of the masks behind the h
 
 
 def gate_the_masks_behind_the_head(model) -> None:
-    """The drafting adapter acts on the block after a row's committed part (`sbd.adapter`, a start column).
+    """The drafting adapter acts on the block after a row's committed part (`sbd.drafters.adapter`, a start column).
     The masks behind the head sit in the committed part here, so the gate gets their columns too: every
     start becomes a per-row tensor, and the per-row gate ORs in `EXTRA_GATED`."""
-    from sbd import adapter as adapters
+    from sbd.drafters import adapter as adapters
 
     base_gate = adapters._row_gate
 

@@ -33,7 +33,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     import sbd
-    from sbd.adapter import adapter_of, gated
+    from sbd.drafters.adapter import adapter_of, gated
     from sbd.benchmarking.forward_cost import _prefilled
     from sbd.decoding.cache import crop
     from sbd.masks import inference_mask

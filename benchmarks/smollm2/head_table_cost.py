@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from sbd import sampler_head as heads
+from sbd.drafters import sampler_head as heads
 
 
 class _Tables(torch.nn.Module):

@@ -28,7 +28,7 @@ def checkpoints(run: Path, upto: int | None) -> list[Path]:
 def start_model(run: Path) -> Path:
     """The model a run started from, as its sbd_train.json names it (relative to the run's parent);
     for a run that continued an adapter, the model under that adapter."""
-    from sbd import adapter as adapters
+    from sbd.drafters import adapter as adapters
 
     path = Path(json.loads((run / "sbd_train.json").read_text())["model"])
     path = path if path.is_absolute() else (run.parent / path)
@@ -54,7 +54,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     import sbd
-    from sbd import adapter as adapters
+    from sbd.drafters import adapter as adapters
     from sbd.decoding.generate import encode_prompts
     from sbd.tasks.prompts import load_prompts
 

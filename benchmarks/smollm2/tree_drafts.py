@@ -87,7 +87,7 @@ def main() -> None:
     from sbd.decoding.draft_policy import DraftOptions
     from sbd.decoding.generate import encode_prompts
     from sbd.models.narrow_linear import linear_layers
-    from sbd.sampler_head import enabled
+    from sbd.drafters.sampler_head import enabled
     from sbd.tasks.prompts import load_prompts
 
     model, tok = sbd.load(args.model)

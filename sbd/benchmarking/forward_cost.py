@@ -17,7 +17,7 @@ from typing import Iterable
 
 import torch
 
-from ..adapter import gated
+from ..drafters.adapter import gated
 from ..decoding.attention import flash_causal, fold_for, head_groups, routed, rows_plan, supports, uniform_plan
 from ..decoding.cache import crop, slab_cache
 from ..decoding.generate import compiled

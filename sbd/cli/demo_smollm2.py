@@ -16,7 +16,7 @@ def run_smollm2_demo(n: int = 2, gamma: float = 0.35, block_size: int | None = N
     SBD anchored on the model's next token (`anchor=True`: the EB rule decides alone after that token, so
     answers may differ; the paper's unanchored rule is refused for this adapter, which was trained for
     sbd-verify's drafts). Configurations take turns prompt by prompt."""
-    from ..adapter import adapter_of
+    from ..drafters.adapter import adapter_of
     from ..benchmarking.bench import _hf_generate
     from ..decoding import generate
     from ..decoding.spec import DecodeSpec
@@ -24,7 +24,7 @@ def run_smollm2_demo(n: int = 2, gamma: float = 0.35, block_size: int | None = N
     from ..models.facts import default_eos_ids
     from ..models.loading import load
     from ..models.narrow_linear import linear_layers
-    from ..sampler_head import head_of
+    from ..drafters.sampler_head import head_of
     from ..tasks.prompts import load_prompts
 
     t0 = time.perf_counter()

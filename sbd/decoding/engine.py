@@ -26,11 +26,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..adapter import adapter_of
+from ..drafters.adapter import adapter_of
 from ..errors import SBDError
 from ..masks import tree_mask
 from ..models.cache_arg import cache_name
-from ..sampler_head import Drafting, capture_output_input, head_of
+from ..drafters.sampler_head import Drafting, capture_output_input, head_of
 from .attention import flash_causal, fold_for, head_groups, routed, rows_plan, supports, uniform_plan
 from .cache import slot_cache
 
@@ -190,7 +190,7 @@ class Engine:
         self.keep_kw = "logits_to_keep" in inspect.signature(model.forward).parameters
         self.cache_kw = cache_name(model)  # transformers >= 5.24 calls it `cache`
         self.adapter = adapter_of(model)
-        self.sampler_head = head_of(model)  # drafts with it while it is enabled (`sbd.sampler_head`)
+        self.sampler_head = head_of(model)  # drafts with it while it is enabled (`sbd.drafters.sampler_head`)
         # masks attend causally among themselves too: what an engine whose attention is causal only gives
         # them (vLLM on a CPU); a measurement switch (docs/serving.md), exact either way for sbd-verify
         self.causal_blocks = CAUSAL_BLOCKS

@@ -18,7 +18,7 @@ import torch
 from ..errors import SBDError
 from ..models.facts import ModelFacts, context_limit
 from ..modes import eval_mode
-from ..sampler_head import head_of
+from ..drafters.sampler_head import head_of
 from .defaults import VerifySettings
 from .engine import Engine, ForwardRecord
 from .rows import make_row

@@ -246,7 +246,7 @@ class VerifyRow(Row):
     lookup draft, chain or tree, feeds no masks: they would only draft the next forward if every draft
     token stood, and then lookup drafts it again (`feed`).
 
-    Sampler head (`sbd.sampler_head`; greedy whole-block or adaptive drafts, chain or tree): when the
+    Sampler head (`sbd.drafters.sampler_head`; greedy whole-block or adaptive drafts, chain or tree): when the
     engine hands `ask` a `Drafting`, the masks' chain (the next draft, or a tree's main chain) is drawn
     by the head instead of the masks' argmax: each position rescored among the masks' top candidates
     given the token chosen before it. Branches stay the masks' own candidates. Sampling and draft="eb"
@@ -353,7 +353,7 @@ class VerifyRow(Row):
         return parts
 
     def ask(self, logits: torch.Tensor, drafting=None) -> torch.Tensor:
-        """drafting: a `sbd.sampler_head.Drafting` (the engine passes one when the model has an enabled
+        """drafting: a `sbd.drafters.sampler_head.Drafting` (the engine passes one when the model has an enabled
         sampler head and `drafts_with_head`): the next draft's chain comes from the head."""
         self.chain.table = 0
         if self.refining is not None:

@@ -34,7 +34,7 @@ SPELLINGS["serve"] = lambda name, value: (f"requests with method sbd and {SPELLI
 
 def trained_for(model) -> frozenset[str] | None:
     """The decodings the model's drafter was trained for, or None when it records nothing."""
-    from ..adapter import adapter_of
+    from ..drafters.adapter import adapter_of
 
     adapter = adapter_of(model)
     if adapter is not None:

@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 from transformers import DynamicCache
 
-from ..adapter import gated
+from ..drafters.adapter import gated
 from ..models.cache_arg import with_cache
 from ..models.narrow_linear import uses_narrow_linear
 
@@ -71,7 +71,7 @@ def disk_key(model, batch: int, context: int, repeats: int) -> str:
     """What the costs depend on: the model's shapes (its config, a drafting adapter's rank), dtype,
     device, narrow layers, the threads, the processor and torch's version (not its weights), then the
     batch: `FAMILY-bBATCH`."""
-    from ..adapter import adapter_of
+    from ..drafters.adapter import adapter_of
 
     device = model.get_input_embeddings().weight.device
     adapter = adapter_of(model)

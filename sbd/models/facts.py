@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..adapter import adapter_of
+from ..drafters.adapter import adapter_of
 from ..errors import SBDError
 
 FALLBACK_BLOCK = 16  # the block size of a model whose drafter records none

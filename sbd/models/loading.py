@@ -129,14 +129,14 @@ def load(path, *, adapter=None, device: str | None = None, dtype: torch.dtype | 
     narrow_linear: compute the linear layers of few-token forwards as W·xᵀ (`sbd.models.narrow_linear`;
     default: on for float32 on CPU, where SBD's narrow forwards otherwise cost up to 2x a 1-token one).
     sampler_head: attach the sampler head saved in the adapter's folder, if it holds one
-    (`sbd.sampler_head`: sbd-verify's drafts then see each other); False leaves it off (drafts as the
+    (`sbd.drafters.sampler_head`: sbd-verify's drafts then see each other); False leaves it off (drafts as the
     masks alone make them). Either way the output of sbd-verify is the model's own.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from .. import adapter as adapters
-    from .. import sampler_head as heads
+    from ..drafters import adapter as adapters
+    from ..drafters import sampler_head as heads
     from . import narrow_linear as narrow
 
     device = check_device(device or "cpu")

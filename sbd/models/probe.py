@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..adapter import adapter_of, gated
+from ..drafters.adapter import adapter_of, gated
 from ..errors import SBDError
 from ..masks import inference_mask
 from ..modes import eval_mode

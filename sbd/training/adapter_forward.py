@@ -32,10 +32,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..adapter import adapter_of, gated
+from ..drafters.adapter import adapter_of, gated
 from ..errors import SBDError
 from ..models.cache_arg import with_cache
-from ..sampler_head import capture_output_input
+from ..drafters.sampler_head import capture_output_input
 from .collator import IGNORE
 
 

@@ -49,7 +49,7 @@ def available_bytes(device) -> int | None:
 def check_fits(model, rank: int, targets) -> None:
     """SBDError in one line when a rank-`rank` adapter on `targets` is meaningless (above a layer's
     smaller side) or when its training state cannot fit in the available memory."""
-    from ..adapter import _targets
+    from ..drafters.adapter import _targets
 
     layers = _targets(model, targets)
     name, smallest = min(layers.items(), key=lambda kv: min(kv[1].in_features, kv[1].out_features))

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..adapter import gated
+from ..drafters.adapter import gated
 from ..decoding.cache import select_rows, slab_cache
 from ..errors import SBDError
 from ..masks import causal_mask

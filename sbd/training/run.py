@@ -359,7 +359,7 @@ def _head_mode(config: TrainConfig) -> str | None:
 
 def _setup_head(model, config: TrainConfig, warm: bool) -> None:
     """Attach, continue or drop the sampler head as the options ask (after the adapter is in place)."""
-    from .. import sampler_head as heads
+    from ..drafters import sampler_head as heads
 
     head = heads.head_of(model)
     if not (config.sampler_head or config.sampler_head_only):
@@ -408,7 +408,7 @@ def _run(config: TrainConfig) -> Path:
             if config.attention == "flex":
                 raise SBDError(f"this model cannot use flex_attention: {str(e).splitlines()[0]}") from None
     mask_id = add_mask_token(model, tokenizer)
-    from .. import adapter as adapters
+    from ..drafters import adapter as adapters
 
     start = adapters.adapter_of(model)  # --model was an adapter folder (or a packaged model with its adapter)
     if start is not None and config.adapter is None:
@@ -495,7 +495,7 @@ def record_decodings(model, config: TrainConfig) -> None:
     the NTP recipe neither."""
     decodings = ["sbd-verify"] if config.mask_rate == 1 else ["sbd", "sbd-verify"]
     if config.adapter:
-        from ..adapter import adapter_of
+        from ..drafters.adapter import adapter_of
 
         adapter_of(model).config.trained_for = decodings
     else:

@@ -41,9 +41,9 @@ import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-from .. import adapter as adapters
-from .. import sampler_head as heads
-from ..adapter import adapter_of
+from ..drafters import adapter as adapters
+from ..drafters import sampler_head as heads
+from ..drafters.adapter import adapter_of
 from ..errors import SBDError
 from . import checkpoints as ckpt
 from .attention import training_logits
@@ -119,7 +119,7 @@ class _Indexed(torch.utils.data.Dataset):
 
 class SBDTrainer(Trainer):
     """A Trainer for SBD fine-tuning (`mode="sbd"`), the matching NTP baseline (`mode="ntp"`), or a
-    drafting adapter over the frozen model (`mode="adapter"`: the model carries an `sbd.adapter`, only
+    drafting adapter over the frozen model (`mode="adapter"`: the model carries an `sbd.drafters.adapter`, only
     its parameters train, masked loss only (+ `kl_weight` × the KL from the frozen next-token head,
     + `latent_weight` × the latent-consistency term, `adapter_forward.latent_sum`);
     checkpoints and the final folder hold the adapter alone, in peft's file layout).
@@ -132,7 +132,7 @@ class SBDTrainer(Trainer):
     (`sbd.training.convergence`) is logged as masked_acc, ntp_acc and gap, so a user sees when SBD
     fine-tuning has converged.
 
-    sampler_head (mode "adapter", with a head attached: `sbd.sampler_head.attach`): "joint" adds the
+    sampler_head (mode "adapter", with a head attached: `sbd.drafters.sampler_head.attach`): "joint" adds the
     head's teacher-forced loss (`sampler_head_weight` ×, logged as head_loss) to the masked loss;
     "only" trains the head alone over the frozen adapter: the model forward runs without autograd, so
     a step costs about one forward. Each masked target at block offset ≥ 1 is a head target, fed the
@@ -148,7 +148,7 @@ class SBDTrainer(Trainer):
         if mode not in MODES:
             raise SBDError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
         if mode == "adapter" and adapter_of(model) is None:
-            raise SBDError("mode='adapter' trains a drafting adapter: attach one first (sbd.adapter.attach)")
+            raise SBDError("mode='adapter' trains a drafting adapter: attach one first (sbd.drafters.adapter.attach)")
         if kl_weight and mode != "adapter":
             raise SBDError("kl_weight applies to mode='adapter' only")
         if not isinstance(latent_weight, (int, float)) or not latent_weight >= 0:
@@ -578,7 +578,7 @@ def _check_head_options(model, mode, head_mode, weight, kl_weight, grad_layer) -
         raise SBDError("a sampler head trains with a drafting adapter (mode='adapter')")
     head = heads.head_of(model)
     if head is None:
-        raise SBDError("sampler_head needs a head on the model: attach one first (sbd.sampler_head.attach)")
+        raise SBDError("sampler_head needs a head on the model: attach one first (sbd.drafters.sampler_head.attach)")
     if not (isinstance(weight, (int, float)) and math.isfinite(weight) and weight > 0):
         raise SBDError(f"the sampler head's loss weight must be a positive number, got {weight!r}")
     if head_mode == "only":

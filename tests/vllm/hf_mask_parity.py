@@ -5,7 +5,7 @@
 trace.jsonl: written by the plug-in's proposer (SBD_VLLM_TRACE, `run_vllm.py --trace`) with sbd-verify
 drafts (lookup off, no sampler head). For every step whose previous draft was [d.., MASK x k] and whose
 d all stood, the new draft's chain must be the argmax (mask token excluded) of masks 2..k of the forward
-context + d + MASK x k, computed here with Hugging Face and `sbd.adapter.gated` - with a causal mask,
+context + d + MASK x k, computed here with Hugging Face and `sbd.drafters.adapter.gated` - with a causal mask,
 because vLLM's CPU attention gives the masks no bidirectional block (the drafts then differ from sbd's
 own engine, the outputs never).
 """
@@ -22,7 +22,7 @@ def check(model_dir, trace_path, limit: int = 200, show: int = 5) -> tuple[int, 
     """(mask drafts checked, how many equal Hugging Face's)."""
     from transformers import AutoModelForCausalLM
 
-    from sbd import adapter
+    from sbd.drafters import adapter
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     adapter.load(model, Path(model_dir) / "sbd_adapter")

@@ -21,7 +21,7 @@ def make(out, arch: str = "llama", block_size: int = 4, seed: int = 0, head: str
     script times vLLM on it), vocabulary included, over the same small tokenizer."""
     from transformers import AutoModelForCausalLM
 
-    from sbd import adapter
+    from sbd.drafters import adapter
     from sbd.models import tiny
 
     out = Path(out)
@@ -46,7 +46,7 @@ def make(out, arch: str = "llama", block_size: int = 4, seed: int = 0, head: str
         ad.mask_embedding.copy_(torch.randn(ad.mask_embedding.shape, generator=g) * 0.05)
     adapter.save(model, out / "sbd_adapter")
     if head is not None:
-        from sbd import sampler_head
+        from sbd.drafters import sampler_head
 
         h = sampler_head.attach(model, sampler_head.SamplerHeadConfig(width=16, top_k=4, state=head == "state"))
         scale = model.get_input_embeddings().weight.std()

@@ -2,7 +2,7 @@
 
 Runs with vLLM's venv only (skipped elsewhere), pinned the way tests/vllm/README.md says. The engine runs in
 subprocesses (tests/vllm/run_vllm.py), about 30 s of start-up each; the references (Hugging Face greedy,
-sbd's gated adapter, exact probabilities) are computed here with transformers + sbd.adapter.
+sbd's gated adapter, exact probabilities) are computed here with transformers + sbd.drafters.adapter.
 """
 
 from __future__ import annotations

@@ -61,8 +61,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     import sbd
-    from sbd import adapter as adapters
-    from sbd import sampler_head as heads
+    from sbd.drafters import adapter as adapters
+    from sbd.drafters import sampler_head as heads
     from sbd.benchmarking.ties import near_ties
     from sbd.decoding.generate import encode_prompts
     from sbd.models.narrow_linear import linear_layers

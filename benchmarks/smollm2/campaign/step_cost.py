@@ -36,7 +36,7 @@ def old_two_pass(model, inputs, labels, n, source):
     """Today's forward before this change (kept here as the A/B reference): dense mask, whole clean half."""
     from transformers import DynamicCache
 
-    from sbd.adapter import gated
+    from sbd.drafters.adapter import gated
     from sbd.models.cache_arg import with_cache
     from sbd.training.adapter_forward import AdapterOutputs, _backbone
     from sbd.training.collator import IGNORE
@@ -94,7 +94,7 @@ def main() -> None:
 
 
     import sbd
-    from sbd import adapter as adapters
+    from sbd.drafters import adapter as adapters
     from sbd.training.adapter_forward import adapter_logits, freeze_below, kl_sum
     from sbd.training.collator import IGNORE, SBDDataCollator
     from sbd.training.data import load_records, tokenize_records

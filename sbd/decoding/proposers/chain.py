@@ -36,7 +36,7 @@ class MaskChain:
 
     def values(self, masks: torch.Tensor, drafting, at: int, first: torch.Tensor, probs: bool) -> torch.Tensor:
         """The chain from `masks` (the masks' logits for its places): their argmax, or the head's table
-        when a `sbd.sampler_head.Drafting` is given (`at`: where `masks` starts among the row's logits;
+        when a `sbd.drafters.sampler_head.Drafting` is given (`at`: where `masks` starts among the row's logits;
         `first`: the next-token head's token before them). probs: send each token's probability."""
         self.table, self.m = 0, masks.shape[0]
         self.sends_probs = probs = probs and self.m > 0

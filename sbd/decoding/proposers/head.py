@@ -1,11 +1,11 @@
-"""The sampler head's chain (`sbd.sampler_head`): each place re-ranked among the masks' top candidates
+"""The sampler head's chain (`sbd.drafters.sampler_head`): each place re-ranked among the masks' top candidates
 given the token chosen before it. The device builds a table (`values`); the host walks it (`propose`)."""
 
 from __future__ import annotations
 
 import torch
 
-from ...sampler_head import walk
+from ...drafters.sampler_head import walk
 
 
 def values(drafting, masks: torch.Tensor, at: int, first: torch.Tensor, probs: bool) -> torch.Tensor:

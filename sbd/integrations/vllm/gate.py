@@ -14,12 +14,15 @@ number of tokens, and a forward with masks runs the same graph as one without.
   reads the number of gated rows from a host buffer, returns at once when it is 0, and else adds the
   update at those rows only (float32 small matmuls: bfloat16 ones are several times slower on a CPU). A
   branch on the host cannot be captured in a CUDA graph, so this path runs on the CPU only.
+Both paths compute the update with `sbd.drafters.gated.gated_update`, as the Hugging Face adapter does.
 Measured on the plain steps of SmolLM2 at batch 1 on a 2-core CPU: docs/serving.md.
 """
 
 from __future__ import annotations
 
 import torch
+
+from sbd.drafters.gated import gated_update
 
 PATHS = ("dense", "op")
 
@@ -32,9 +35,7 @@ def _gated_update_cpu(out, x, a_t, b_t, rows, count, scale):
     m = int(count)
     if m == 0:
         return
-    r = rows[:m]
-    delta = (x.index_select(0, r).to(a_t.dtype) @ a_t) @ b_t
-    out.index_add_(0, r, delta.to(out.dtype), alpha=scale)
+    gated_update(out, x, a_t, b_t, scale, rows=rows[:m])
 
 
 def _gated_update_fake(out, x, a_t, b_t, rows, count, scale):
@@ -49,8 +50,7 @@ def _dense_update(module, args, output):
     """A fused layer's hook, path "dense": out + gate · (x Aᵀ) Bᵀ where the gate is open, out elsewhere."""
     out, rest = (output[0], output[1:]) if isinstance(output, tuple) else (output, None)
     x = args[0]
-    gate = module.sbd_gate[: x.shape[0]]
-    out = torch.where(gate != 0, out + ((x @ module.sbd_a_t) @ module.sbd_b_t) * gate, out)
+    out = gated_update(out, x, module.sbd_a_t, module.sbd_b_t, column=module.sbd_gate[: x.shape[0]])
     return out if rest is None else (out, *rest)
 
 

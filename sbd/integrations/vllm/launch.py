@@ -21,7 +21,7 @@ SPEC_TOKENS = 15  # the longest draft vLLM schedules per step, masks included (t
 def resolve_model(model: str, adapter: str | None = None) -> tuple[Path, Path | None]:
     """(base model folder, drafting adapter folder or None) for a folder, "smollm2" (the shipped adapter
     over the imported GGUF) or "demo"; a drafting adapter folder given as the model names its base."""
-    from ... import adapter as adapters
+    from ...drafters import adapter as adapters
     from ...models.loading import DEMO_NAMES, demo_path, packaged_model, shipped_name
 
     name = shipped_name(model)

@@ -25,6 +25,9 @@ shapes: the adapter's digest goes into vLLM's `additional_config`, which vLLM ha
 another adapter never reuses it. Setting `sbd_gate_path` ("dense" / "op") picks the path.
 Tensor parallelism is not supported (the updates are not sharded).
 
+The adapter and its sampler head are read with sbd's own readers (`sbd.drafters`), and the update is
+`sbd.drafters.gated.gated_update`, as in sbd's Hugging Face path.
+
 Adapter location: the model folder's config key `sbd_adapter` (a path, relative to the folder or
 absolute; settable with `hf_overrides`), else the sub-folder `sbd_adapter/` when it exists. Without an
 adapter the class is the plain model with the mask logit at -inf (the proposer then drafts by lookup
@@ -72,7 +75,7 @@ class Stash:
 
 
 class _Tables:
-    """The two tables `sbd.sampler_head.draft_table` reads, from vLLM's embedding and output layers."""
+    """The two tables `sbd.drafters.sampler_head.draft_table` reads, from vLLM's embedding and output layers."""
 
     def __init__(self, model):
         self._model = model
@@ -130,19 +133,15 @@ class SBDDrafting:
         return loaded
 
     def _sbd_load_adapter(self, folder: Path) -> None:
-        from sbd import adapter as sbd_adapter
+        from sbd.drafters import adapter as adapters
+        from sbd.drafters import sampler_head as heads
 
-        config = sbd_adapter.read_config(folder)
+        saved = adapters.read(folder)
+        config = saved.config
         if config.mask_token_id != self.sbd_mask_id:
             raise ValueError(f"the adapter in {folder} was made for mask token {config.mask_token_id}, the model's "
                              f"is {self.sbd_mask_id}")
-        weights_file = folder / sbd_adapter.WEIGHTS_NAME
-        tensors = sbd_adapter.read_tensors(weights_file, f"{folder} has no adapter weights")
         embed = self.model.embed_tokens.weight
-        prefix = sbd_adapter.KEY_PREFIX
-        mask = [t for k, t in tensors.items() if k.endswith("." + sbd_adapter.MASK_KEY)]
-        if len(mask) != 1:
-            raise ValueError(f"{folder}: the adapter holds no mask embedding")
         gate = self._sbd_gate_state
         gate.scale = config.lora_alpha / config.r
         updates = []
@@ -154,13 +153,13 @@ class SBDDrafting:
             a_parts, b_parts = [], []
             sizes = _output_sizes(module, len(parts))
             for part, size in zip(parts, sizes):
-                a = tensors.get(f"{prefix}{base}.{part}.lora_A.weight")
-                b = tensors.get(f"{prefix}{base}.{part}.lora_B.weight")
-                if a is None or b is None:
+                update = saved.update(f"{base}.{part}")
+                if update is None:
                     if part in config.target_modules:
                         raise ValueError(f"{folder} lacks {base}.{part}: the adapter was made for another model")
-                    a = torch.zeros(config.r, module.weight.shape[1])  # a layer it does not target: zero block
-                    b = torch.zeros(size, config.r)
+                    update = (torch.zeros(config.r, module.weight.shape[1]),  # a layer it does not target: zero block
+                              torch.zeros(size, config.r))
+                a, b = update
                 if b.shape[0] != size:
                     raise ValueError(f"{folder}: {base}.{part} has {b.shape[0]} outputs, the model {size}")
                 a_parts.append(a.float())
@@ -170,23 +169,18 @@ class SBDDrafting:
             updates.append((module, torch.cat(a_parts), torch.block_diag(*b_parts)))
         if not updates:
             raise ValueError(f"{folder}: none of the adapter's tensors fits a layer of {type(self).__name__}")
-        gate.attach_embedding(self.model.embed_tokens, mask[0])
+        gate.attach_embedding(self.model.embed_tokens, saved.mask_embedding)
         for module, a, b in updates:
             gate.attach_update(module, a, b)
         # vLLM keys its compile cache by its config's hash, which leaves hf_overrides (where sbd_adapter is
         # named) out; additional_config is in it: the adapter's digest keeps one adapter's graph from another
-        digest = hashlib.sha256(weights_file.read_bytes()).hexdigest()[:16]
+        digest = hashlib.sha256(saved.path.read_bytes()).hexdigest()[:16]
         self._sbd_vllm_config.additional_config["sbd_adapter"] = f"{digest}:{len(updates)}:r{config.r}:{gate.path}"
         self.sbd_adapter_config = config
-        from sbd import sampler_head
-
-        if sampler_head.has_head(folder) and getattr(self._sbd_cfg, "sbd_sampler_head", True):
-            hcfg = sampler_head.read_config(folder)
-            if hcfg.hidden_size != embed.shape[1]:
-                raise ValueError(f"{folder}: the sampler head was made for hidden size {hcfg.hidden_size}")
-            head = sampler_head.SamplerHead(hcfg, dtype=torch.float32)
-            saved = sbd_adapter.read_tensors(folder / sampler_head.WEIGHTS_NAME, f"{folder} has no head weights")
-            head.load_state_dict({k: v.float() for k, v in saved.items()})
+        if heads.has_head(folder) and getattr(self._sbd_cfg, "sbd_sampler_head", True):
+            head = heads.read(folder, dtype=torch.float32)
+            if head.config.hidden_size != embed.shape[1]:
+                raise ValueError(f"{folder}: the sampler head was made for hidden size {head.config.hidden_size}")
             object.__setattr__(self, "sbd_head", head.eval())  # not a submodule (see _sbd_init)
         logger.info("sbd: drafting adapter from %s on %d layers%s", folder, len(updates),
                     " with its sampler head" if self.sbd_head is not None else "")

@@ -286,7 +286,7 @@ class SBDProposer:
                 chains[i] = (best[at : at + c], probs[at : at + c] if probs is not None else None)
                 at += c
             return chains
-        from sbd.sampler_head import draft_table, walk
+        from sbd.drafters.sampler_head import draft_table, walk
 
         tables = self.model.sbd_tables()
         for i, _, c in keep:

@@ -33,27 +33,35 @@ The head hangs on the model as `model.sbd_sampler_head`; `enabled(model, False)`
 from __future__ import annotations
 
 import contextlib
-import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .errors import SBDError
+from ..errors import SBDError
+from . import folder as files
+from .attach import Slot, loaded, setting
+from .config import DrafterConfig
 
 CONFIG_NAME = "sampler_head_config.json"
 WEIGHTS_NAME = "sampler_head.safetensors"
 HEAD_TYPE = "SBD_SAMPLER_HEAD"
 DEFAULT_WIDTH = 256
 DEFAULT_TOP_K = 8
+SLOT = Slot("sbd_sampler_head", "sampler head")
 
 
 @dataclass
-class SamplerHeadConfig:
+class SamplerHeadConfig(DrafterConfig):
     """What a sampler head is: its inner width, the model size it was made for, and how many of the
     masks' candidates decoding rescores per draft position."""
+
+    FILE = CONFIG_NAME
+    KIND_KEY, KIND = "head_type", HEAD_TYPE
+    UNREADABLE = "{path}: cannot read a sampler head config ({error})"
+    OTHER_KIND = "{path} does not describe an sbd sampler head"
 
     width: int = DEFAULT_WIDTH
     hidden_size: int = 0
@@ -108,7 +116,7 @@ def _zero_carry(width: int, dtype, device) -> nn.Linear:
 
 def head_of(model) -> SamplerHead | None:
     """The sampler head attached to `model`, if any (enabled or not)."""
-    return getattr(model, "sbd_sampler_head", None)
+    return SLOT.of(model)
 
 
 def active_head(model) -> SamplerHead | None:
@@ -119,24 +127,21 @@ def active_head(model) -> SamplerHead | None:
 
 def attach(model, config: SamplerHeadConfig | None = None) -> SamplerHead:
     """Attach a fresh (identity) head to `model` in place and return it; the model is not touched."""
-    if head_of(model) is not None:
-        raise SBDError("this model already has a sampler head attached")
+    SLOT.check_free(model)
     config = config or SamplerHeadConfig()
     emb = model.get_input_embeddings().weight
     config.hidden_size, config.vocab_size = int(emb.shape[1]), int(emb.shape[0])
     if model.get_output_embeddings() is None:
         raise SBDError(f"{type(model).__name__} has no output layer; a sampler head needs one")
     head = SamplerHead(config, dtype=emb.dtype, device=emb.device)
-    model.sbd_sampler_head = head  # a submodule: moves with .to(), its parameters reach the optimizer
+    SLOT.hang(model, head)
     return head
 
 
 def add_state(model) -> SamplerHead:
     """Give the model's stateless head a state (`carry` at zero): it drafts exactly as before, and training
     can then teach it to read the chain drafted so far."""
-    head = head_of(model)
-    if head is None:
-        raise SBDError("this model has no sampler head to give a state")
+    head = SLOT.require(model, "to give a state")
     if head.carry is None:
         head.carry = _zero_carry(head.config.width, head.up.weight.dtype, head.up.weight.device)
         head.config.state = True
@@ -144,22 +149,12 @@ def add_state(model) -> SamplerHead:
 
 
 def detach(model) -> None:
-    if head_of(model) is not None:
-        del model.sbd_sampler_head
+    SLOT.remove(model)
 
 
-@contextlib.contextmanager
 def enabled(model, on: bool):
     """Within the block, decoding uses the model's head only if `on` (a model without one is unaffected)."""
-    head = head_of(model)
-    if head is None:
-        yield
-        return
-    previous, head.enabled = head.enabled, bool(on)
-    try:
-        yield
-    finally:
-        head.enabled = previous
+    return setting(head_of(model), "enabled", bool(on))
 
 
 # -- training ------------------------------------------------------------------------------------------
@@ -272,46 +267,37 @@ def has_head(folder) -> bool:
 
 def save(model, folder, dtype: torch.dtype = torch.float32):
     """Write `sampler_head_config.json` and `sampler_head.safetensors` into `folder`."""
-    from safetensors.torch import save_file
-
-    head = head_of(model)
-    if head is None:
-        raise SBDError("this model has no sampler head to save")
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().to(dtype).cpu().contiguous() for k, v in head.state_dict().items()}
-    save_file(tensors, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
-    (folder / CONFIG_NAME).write_text(json.dumps(asdict(head.config), indent=1))
-    return folder
+    head = SLOT.require(model, "to save")
+    return files.save(folder, head.config, head.state_dict(), WEIGHTS_NAME, dtype)
 
 
 def read_config(folder) -> SamplerHeadConfig:
-    path = Path(folder) / CONFIG_NAME
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise SBDError(f"{path}: cannot read a sampler head config ({e})") from None
-    if not isinstance(raw, dict) or raw.get("head_type") != HEAD_TYPE:
-        raise SBDError(f"{path} does not describe an sbd sampler head")
-    known = set(SamplerHeadConfig.__dataclass_fields__)
-    return SamplerHeadConfig(**{k: v for k, v in raw.items() if k in known})
+    return SamplerHeadConfig.read(folder)
+
+
+def _fitting(head: SamplerHead, folder) -> list[tuple[nn.Parameter, torch.Tensor]]:
+    """(parameter of `head`, its saved tensor) pairs from `folder`; SBDError when they do not fit."""
+    path = Path(folder) / WEIGHTS_NAME
+    saved = files.read_tensors(path, f"{str(folder)!r} has {CONFIG_NAME} but no {WEIGHTS_NAME}")
+    params = head.state_dict()
+    if set(saved) != set(params) or any(saved[k].shape != params[k].shape for k in params):
+        raise SBDError(f"{path} does not fit this model's sampler head (width {head.config.width}, hidden size "
+                       f"{head.config.hidden_size}): it was made for another model")
+    return [(p, saved[name]) for name, p in head.named_parameters()]
+
+
+def read(folder, dtype: torch.dtype = torch.float32) -> SamplerHead:
+    """The head saved in `folder`, on no model (its `hidden_size` / `vocab_size` say which it fits): for a
+    reader that holds it its own way (the vLLM plug-in)."""
+    head = SamplerHead(read_config(folder), dtype=dtype)
+    files.copy_into(_fitting(head, folder))
+    return head
 
 
 def load_weights(model, folder) -> None:
     """Copy the tensors saved in `folder` into the head already attached to `model` (same parameter
     objects: how a training run resumes)."""
-    from .adapter import read_tensors
-
-    head = head_of(model)
-    path = Path(folder) / WEIGHTS_NAME
-    saved = read_tensors(path, f"{str(folder)!r} has {CONFIG_NAME} but no {WEIGHTS_NAME}")
-    params = head.state_dict()
-    if set(saved) != set(params) or any(saved[k].shape != params[k].shape for k in params):
-        raise SBDError(f"{path} does not fit this model's sampler head (width {head.config.width}, hidden size "
-                       f"{head.config.hidden_size}): it was made for another model")
-    with torch.no_grad():
-        for name, p in head.named_parameters():
-            p.copy_(saved[name])
+    files.copy_into(_fitting(head_of(model), folder))
 
 
 def load(model, folder) -> SamplerHead:
@@ -321,12 +307,4 @@ def load(model, folder) -> SamplerHead:
     if config.hidden_size != emb.shape[1] or config.vocab_size != emb.shape[0]:
         raise SBDError(f"the sampler head in {str(folder)!r} was made for hidden size {config.hidden_size} and "
                        f"{config.vocab_size} embeddings; this model has {emb.shape[1]} and {emb.shape[0]}")
-    head = attach(model, config)
-    try:
-        load_weights(model, folder)
-    except SBDError:
-        detach(model)
-        raise
-    return head
-
-
+    return loaded(model, folder, lambda m: attach(m, config), load_weights, detach)

@@ -16,20 +16,25 @@ Files follow peft's layout (`adapter_config.json` + `adapter_model.safetensors`,
 tensors under `base_model.model.<module>`), but the config names its own type: peft would attach the
 tensors as an ordinary LoRA acting on every position, which changes the model's answers, so it refuses
 the type instead. An adapter cannot be merged into the weights for the same reason (`merge`).
+
+The update itself is `gated.gated_update`, which the vLLM plug-in calls too; `read` gives the saved
+folder to a reader that attaches it its own way.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from .errors import SBDError
+from ..errors import SBDError
+from . import folder as files
+from .attach import Slot, loaded, setting
+from .config import DrafterConfig
+from .gated import gated_update, low_rank
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
@@ -37,12 +42,18 @@ ADAPTER_TYPE = "SBD_GATED_LORA"
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _PREFIX = "base_model.model."
 _MASK_KEY = "sbd_mask_embedding"
-KEY_PREFIX, MASK_KEY = _PREFIX, _MASK_KEY  # the tensor names, for readers of the file (the vLLM plug-in)
+SLOT = Slot("sbd_adapter", "drafting adapter")
 
 
 @dataclass
-class AdapterConfig:
+class AdapterConfig(DrafterConfig):
     """What an adapter is: rank, scale, the layers it targets, and what decoding needs to use it."""
+
+    FILE = CONFIG_NAME
+    KIND_KEY, KIND = "peft_type", ADAPTER_TYPE
+    MISSING = "{folder!r} holds no drafting adapter (no " + CONFIG_NAME + ")"
+    OTHER_KIND = ("{path} describes a {kind!r} adapter, not an sbd drafting adapter (" + ADAPTER_TYPE + "); an "
+                  "ordinary LoRA acts on every position and would change the model's own answers")
 
     r: int = 16
     lora_alpha: float = 32.0
@@ -101,8 +112,9 @@ class DraftingAdapter(nn.Module):
         return self.lora_A[_key(name)], self.lora_B[_key(name)]
 
     def delta(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """The ungated update of layer `name` at every position of x."""
         a, b = self.update_of(name)
-        return (x @ a.t().to(x.dtype)) @ b.t().to(x.dtype) * self.scaling
+        return low_rank(x, a.t(), b.t()) * self.scaling
 
 
 def _key(name: str) -> str:
@@ -116,27 +128,10 @@ def _linear_hook(adapter: DraftingAdapter, name: str):
         s = adapter.start
         if s is None:
             return output
-        if isinstance(s, torch.Tensor):  # one start per row
-            return output + adapter.delta(name, args[0]) * _row_gate(s, output)
-        if s >= output.shape[-2]:
-            return output
-        x = args[0]
         a, b = adapter.lora_A[key], adapter.lora_B[key]  # looked up each time: wrappers may replace them
-        if not torch.is_grad_enabled() and output.dim() == 3 and x.dtype == output.dtype == a.dtype:
-            # decoding: one fused multiply-add into the block's rows, no copy of the whole output.
-            # A hook runs on every targeted layer of every forward (210 on SmolLM2), so its few small
-            # products cost more in dispatch than in arithmetic: one row of a batch is one 2-D addmm.
-            if output.shape[0] == 1 and output.is_contiguous() and x.is_contiguous():
-                rows = output.view(-1, output.shape[-1])[s:]
-                rows.addmm_(torch.mm(x.view(-1, x.shape[-1])[s:], a.t()), b.t(), alpha=adapter.scaling)
-                return output
-            block = output[:, s:, :]
-            block.baddbmm_(x[:, s:, :] @ a.t(), b.t().expand(output.shape[0], -1, -1), alpha=adapter.scaling)
-            return output
-        if s == 0:
-            return output + adapter.delta(name, x)
-        delta = adapter.delta(name, x[..., s:, :])
-        return torch.cat([output[..., :s, :], output[..., s:, :] + delta], dim=-2)
+        if isinstance(s, torch.Tensor):  # one start per row
+            return gated_update(output, args[0], a.t(), b.t(), adapter.scaling, per_row=_row_gate(s, output))
+        return gated_update(output, args[0], a.t(), b.t(), adapter.scaling, start=s)
     return hook
 
 
@@ -164,7 +159,7 @@ def _row_gate(starts: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
 
 def _targets(model, names) -> dict[str, nn.Linear]:
     found = {n: m for n, m in model.named_modules()
-             if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] in set(names) and not n.startswith("sbd_adapter")}
+             if isinstance(m, nn.Linear) and n.rsplit(".", 1)[-1] in set(names) and not n.startswith(SLOT.attribute)}
     if not found:
         raise SBDError(f"none of the adapter's target modules ({', '.join(names)}) is a linear layer of "
                        f"{type(model).__name__}")
@@ -173,14 +168,13 @@ def _targets(model, names) -> dict[str, nn.Linear]:
 
 def adapter_of(model) -> DraftingAdapter | None:
     """The drafting adapter attached to `model`, if any."""
-    return getattr(model, "sbd_adapter", None)
+    return SLOT.of(model)
 
 
 def attach(model, config: AdapterConfig) -> DraftingAdapter:
     """Attach a fresh (zero-update) adapter to `model` in place and return it. The model's own weights
     are not touched; train with `model.requires_grad_(False)` first so that only the adapter learns."""
-    if adapter_of(model) is not None:
-        raise SBDError("this model already has a drafting adapter attached")
+    SLOT.check_free(model)
     mask_id = getattr(model.config, "sbd_mask_token_id", None)
     if mask_id is None:
         raise SBDError("a drafting adapter needs the model's SBD mask token; call sbd.add_mask_token first")
@@ -191,7 +185,7 @@ def attach(model, config: AdapterConfig) -> DraftingAdapter:
     layers = _targets(model, config.target_modules)
     embedding = model.get_input_embeddings()
     adapter = DraftingAdapter(config, layers, embedding)
-    model.sbd_adapter = adapter  # a submodule: moves with .to(), its parameters reach the optimizer
+    SLOT.hang(model, adapter)
     for name, lin in layers.items():
         adapter._hooks.append(lin.register_forward_hook(_linear_hook(adapter, name)))
     adapter._hooks.append(embedding.register_forward_hook(_embedding_hook(adapter)))
@@ -200,27 +194,16 @@ def attach(model, config: AdapterConfig) -> DraftingAdapter:
 
 def detach(model) -> None:
     """Remove the adapter and its hooks: the model is the plain model again."""
-    adapter = adapter_of(model)
-    if adapter is None:
-        return
-    for h in adapter._hooks:
-        h.remove()
-    del model.sbd_adapter
+    adapter = SLOT.remove(model)
+    if adapter is not None:
+        for h in adapter._hooks:
+            h.remove()
 
 
-@contextlib.contextmanager
 def gated(model, start: int | None):
     """Within the block, the adapter acts on positions >= `start` of each forward (None: off).
     A model without an adapter is unaffected."""
-    adapter = adapter_of(model)
-    if adapter is None:
-        yield
-        return
-    previous, adapter.start = adapter.start, start
-    try:
-        yield
-    finally:
-        adapter.start = previous
+    return setting(adapter_of(model), "start", start)
 
 
 def merge(model) -> None:
@@ -232,79 +215,75 @@ def merge(model) -> None:
 def save(model, folder, dtype: torch.dtype = torch.float32) -> Path:
     """Write `adapter_config.json` and `adapter_model.safetensors` (peft's layout) into `folder`;
     `dtype` of the stored tensors (bfloat16 halves the file; loading casts to the model's dtype)."""
-    from safetensors.torch import save_file
-
-    adapter = adapter_of(model)
-    if adapter is None:
-        raise SBDError("this model has no drafting adapter to save")
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    adapter = SLOT.require(model, "to save")
     tensors = {}
     for name in adapter.names:
-        tensors[f"{_PREFIX}{name}.lora_A.weight"] = adapter.lora_A[_key(name)].detach().to(dtype).cpu().contiguous()
-        tensors[f"{_PREFIX}{name}.lora_B.weight"] = adapter.lora_B[_key(name)].detach().to(dtype).cpu().contiguous()
+        tensors[_tensor_name(name, "lora_A")] = adapter.lora_A[_key(name)]
+        tensors[_tensor_name(name, "lora_B")] = adapter.lora_B[_key(name)]
     embed = next(n for n, m in model.named_modules() if m is model.get_input_embeddings())
-    tensors[f"{_PREFIX}{embed}.{_MASK_KEY}"] = adapter.mask_embedding.detach().to(dtype).cpu().contiguous()
-    save_file(tensors, str(folder / WEIGHTS_NAME), metadata={"format": "pt"})
-    (folder / CONFIG_NAME).write_text(json.dumps(asdict(adapter.config), indent=1))
-    return folder
+    tensors[f"{_PREFIX}{embed}.{_MASK_KEY}"] = adapter.mask_embedding
+    return files.save(folder, adapter.config, tensors, WEIGHTS_NAME, dtype)
+
+
+def _tensor_name(name: str, part: str) -> str:
+    """The stored name of layer `name`'s `part` ("lora_A" / "lora_B"), as peft writes it."""
+    return f"{_PREFIX}{name}.{part}.weight"
 
 
 def read_config(folder) -> AdapterConfig:
     """The config of the adapter in `folder`; SBDError for a folder that holds none or another kind."""
-    path = Path(folder) / CONFIG_NAME
-    if not path.is_file():
-        raise SBDError(f"{str(folder)!r} holds no drafting adapter (no {CONFIG_NAME})")
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise SBDError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(raw, dict) or raw.get("peft_type") != ADAPTER_TYPE:
-        kind = raw.get("peft_type") if isinstance(raw, dict) else None
-        raise SBDError(f"{path} describes a {kind!r} adapter, not an sbd drafting adapter ({ADAPTER_TYPE}); an "
-                       "ordinary LoRA acts on every position and would change the model's own answers")
-    known = {f for f in AdapterConfig.__dataclass_fields__}
-    return AdapterConfig(**{k: v for k, v in raw.items() if k in known})
+    return AdapterConfig.read(folder)
 
 
-def read_tensors(path: Path, missing: str) -> dict[str, torch.Tensor]:
-    """The tensors of a safetensors file of a drafter's folder; SBDError `missing` when it is absent, one
-    line when it is damaged (shared by the adapter and the sampler head)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+@dataclass
+class SavedAdapter:
+    """An adapter folder as stored, for a reader that attaches it its own way (the vLLM plug-in):
+    the config, the weights file, and the updates by the module names of the Hugging Face model."""
 
-    if not path.is_file():
-        raise SBDError(missing)
-    try:
-        return load_file(str(path))
-    except (SafetensorError, OSError) as e:
-        raise SBDError(f"{path} is damaged or unreadable ({e})") from None
+    config: AdapterConfig
+    path: Path
+    tensors: dict[str, torch.Tensor]
+    mask_embedding: torch.Tensor
+
+    def update(self, name: str) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(A (r, in), B (out, r)) of module `name`, None when the file holds no update for it."""
+        a, b = self.tensors.get(_tensor_name(name, "lora_A")), self.tensors.get(_tensor_name(name, "lora_B"))
+        return None if a is None or b is None else (a, b)
+
+
+def _read_weights(folder, missing: str) -> tuple[Path, dict[str, torch.Tensor], torch.Tensor]:
+    path = Path(folder) / WEIGHTS_NAME
+    tensors = files.read_tensors(path, missing)
+    mask = [t for k, t in tensors.items() if k.endswith("." + _MASK_KEY)]
+    if len(mask) != 1:
+        raise SBDError(f"{path} holds no mask embedding")
+    return path, tensors, mask[0]
+
+
+def read(folder) -> SavedAdapter:
+    """The adapter saved in `folder`, not attached to anything."""
+    config = read_config(folder)
+    return SavedAdapter(config, *_read_weights(folder, f"{str(folder)!r} has {CONFIG_NAME} but no {WEIGHTS_NAME}"))
 
 
 def load_weights(model, folder) -> None:
     """Copy the tensors saved in `folder` into the adapter already attached to `model` (same parameter
     objects, so an optimizer that holds them keeps working: this is how a training run resumes)."""
     adapter = adapter_of(model)
-    weights = Path(folder) / WEIGHTS_NAME
-    tensors = read_tensors(weights, f"{str(folder)!r} has no {WEIGHTS_NAME}")
+    weights, tensors, mask = _read_weights(folder, f"{str(folder)!r} has no {WEIGHTS_NAME}")
     pairs = []
     for name in adapter.names:
         for part, store in (("lora_A", adapter.lora_A), ("lora_B", adapter.lora_B)):
-            key = f"{_PREFIX}{name}.{part}.weight"
+            key = _tensor_name(name, part)
             if key not in tensors:
                 raise SBDError(f"{weights} lacks {key}: the adapter was made for another model")
             pairs.append((store[_key(name)], tensors[key], f"{name}.{part}"))
-    mask = [t for k, t in tensors.items() if k.endswith("." + _MASK_KEY)]
-    if len(mask) != 1:
-        raise SBDError(f"{weights} holds no mask embedding")
-    pairs.append((adapter.mask_embedding, mask[0], "mask embedding"))
+    pairs.append((adapter.mask_embedding, mask, "mask embedding"))
     for param, saved, what in pairs:
         if saved.shape != param.shape:
             raise SBDError(f"{weights}: {what} has shape {tuple(saved.shape)}, the model needs {tuple(param.shape)}: "
                            "the adapter was made for another model")
-    with torch.no_grad():
-        for param, saved, _ in pairs:
-            param.copy_(saved)
+    files.copy_into((param, saved) for param, saved, _ in pairs)
 
 
 def load(model, folder) -> DraftingAdapter:
@@ -312,13 +291,7 @@ def load(model, folder) -> DraftingAdapter:
     config = read_config(folder)
     if not (Path(folder) / WEIGHTS_NAME).is_file():
         raise SBDError(f"{str(folder)!r} has {CONFIG_NAME} but no {WEIGHTS_NAME}")
-    adapter = attach(model, config)
-    try:
-        load_weights(model, folder)
-    except SBDError:
-        detach(model)
-        raise
-    return adapter
+    return loaded(model, folder, lambda m: attach(m, config), load_weights, detach)
 
 
 def is_adapter_folder(folder) -> bool:
