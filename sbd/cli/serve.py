@@ -162,7 +162,8 @@ def cmd_serve(args) -> None:
         from ..serving.ray_app import run_ray
 
         sock.close()  # Ray's proxy binds it itself
-        model, tokenizer = load(args.model, adapter=args.adapter, device=args.device)  # for its context length
+        # the options checked against the model's config and drafter without its weights: each replica loads it
+        model, tokenizer = load(args.model, adapter=args.adapter, device=args.device, weights=False)
         config = config_from_args(args, model, tokenizer)
         del model, tokenizer
         warn_if_open(args.host, config.api_key)

@@ -115,7 +115,7 @@ def shipped_name(path) -> str | None:
 
 def load(path, *, adapter=None, device: str | None = None, dtype: torch.dtype | None = None,
          trust_remote_code: bool = False, probe: bool = True, narrow_linear: bool | None = None,
-         sampler_head: bool = True):
+         sampler_head: bool = True, weights: bool = True):
     """(model, tokenizer) from a local model directory, with SDPA attention, in eval mode.
 
     "demo" and "demo-ntp" name the models shipped with the package (SBD-trained and NTP-trained);
@@ -131,8 +131,11 @@ def load(path, *, adapter=None, device: str | None = None, dtype: torch.dtype | 
     sampler_head: attach the sampler head saved in the adapter's folder, if it holds one
     (`sbd.drafters.sampler_head`: sbd-verify's drafts then see each other); False leaves it off (drafts as the
     masks alone make them). Either way the output of sbd-verify is the model's own.
+    weights=False: the model's shape on the meta device, without its weights (its drafter attached): what
+    its config, tokenizer and drafter say, in seconds, for checks before the real load happens elsewhere
+    (`sbd serve --replicas` checks its options so, and each replica loads the model itself). It cannot run.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     from ..drafters import adapter as adapters
@@ -168,10 +171,16 @@ def load(path, *, adapter=None, device: str | None = None, dtype: torch.dtype | 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            path, attn_implementation="sdpa", use_safetensors=True, dtype=dtype,
-            trust_remote_code=trust_remote_code,
-        )
+        if weights:
+            model = AutoModelForCausalLM.from_pretrained(
+                path, attn_implementation="sdpa", use_safetensors=True, dtype=dtype,
+                trust_remote_code=trust_remote_code,
+            )
+        else:
+            config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa",
+                                                         trust_remote_code=trust_remote_code)
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except SBDError:
         raise
@@ -186,6 +195,8 @@ def load(path, *, adapter=None, device: str | None = None, dtype: torch.dtype | 
         adapters.load(model, adapter)
         if sampler_head and heads.has_head(adapter):
             heads.load(model, adapter)
+    if not weights:
+        return model.eval(), tokenizer
     model.to(device).eval()
     if narrow_linear is None:
         narrow_linear = narrow.worth_it(device, model.dtype)

@@ -53,6 +53,7 @@ from collections import deque
 
 import torch
 
+from sbd.decoding.defaults import from_record
 from sbd.decoding.draft_lengths import expected_tokens
 from sbd.decoding.draft_policy import DEFAULT_OPTIONS, DraftOptions, DraftPolicy
 from sbd.decoding.proposers import chain as mask_chain
@@ -197,13 +198,19 @@ class SBDProposer:
         model.sbd_bind(self._batch_view)
         self.mask_id = model.sbd_mask_id
         adapter = model.sbd_adapter_config
-        decoding = (adapter.decoding or {}) if adapter is not None else {}
+        # the drafting settings the adapter records, read as sbd's own engine reads them (`from_record`); without
+        # a record: lookup only when there are no masks, adaptive lengths (this engine measures its own costs)
+        recorded = from_record(adapter.decoding, "the drafting adapter's adapter_config.json") \
+            if adapter is not None and adapter.decoding else None
         block = adapter.block_size if adapter is not None else 0
         self.masks = min(int(getattr(self.cfg, "sbd_masks", block)), self.num_spec) if adapter is not None else 0
-        self.lookup_on = bool(getattr(self.cfg, "sbd_lookup", decoding.get("lookup", adapter is None)))
-        self.lookup_max = min(int(getattr(self.cfg, "sbd_lookup_max", decoding.get("lookup_max", self.options.lookup_max))), self.num_spec)
+        lookup = recorded.lookup if recorded is not None else adapter is None
+        lookup_max = recorded.lookup_max if recorded is not None else self.options.lookup_max
+        self.lookup_on = bool(getattr(self.cfg, "sbd_lookup", lookup))
+        self.lookup_max = min(int(getattr(self.cfg, "sbd_lookup_max", lookup_max)), self.num_spec)
         self.head = model.sbd_head if getattr(self.cfg, "sbd_sampler_head", True) else None
-        self.adaptive = str(getattr(self.cfg, "sbd_draft", "adaptive")) == "adaptive"
+        draft = recorded.draft if recorded is not None else "adaptive"
+        self.adaptive = str(getattr(self.cfg, "sbd_draft", draft)) == "adaptive"
         slope = getattr(self.cfg, "sbd_cost_slope", None)
         self.fixed_slope = None if slope is None else float(slope)
         # step times measured online, apart for the two kinds of forward: plain ones (prefills, plain steps,
