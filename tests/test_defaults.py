@@ -122,7 +122,8 @@ def test_cli_options_mean_the_default_when_left_out():
 
 
 def test_server_requests_take_the_server_defaults_and_may_switch_them():
-    from sbd.serving.config import Limits, server_defaults
+    from sbd.serving.config import Limits
+    from sbd.serving.server import server_defaults
     from sbd.serving.errors import APIError
     from sbd.serving.protocol import CompletionRequest, options
 
@@ -261,7 +262,8 @@ def test_a_drafter_that_records_its_training_drafts_every_forward():
 
 
 def test_server_requests_of_an_untrained_model_fall_back_unless_they_choose_a_draft():
-    from sbd.serving.config import Limits, server_defaults
+    from sbd.serving.config import Limits
+    from sbd.serving.server import server_defaults
     from sbd.serving.protocol import CompletionRequest, options
 
     model = _model.__wrapped__("llama")

@@ -158,9 +158,9 @@ def test_add_mask_token_resizes_when_the_token_is_new():
 def test_an_added_mask_row_is_deterministic_the_mean_of_the_others(monkeypatch):
     from transformers import PreTrainedTokenizerFast
 
-    from sbd.models import loading
+    from sbd.models import folders
 
-    monkeypatch.setattr(loading, "MASK_TOKEN", "<|a_new_mask|>")  # not in the vocabulary: a row is added
+    monkeypatch.setattr(folders, "MASK_TOKEN", "<|a_new_mask|>")  # not in the vocabulary: a row is added
     base = tiny.build_tokenizer(vocab_size=300)
     rows = []
     for _ in range(2):

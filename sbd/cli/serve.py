@@ -158,26 +158,25 @@ def cmd_serve(args) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     sock = bind(args.host, args.port)  # a busy port fails here, before the model loads
-    if args.replicas:
-        from ..serving.ray_app import run_ray
-
-        sock.close()  # Ray's proxy binds it itself
-        # the options checked against the model's config and drafter without its weights: each replica loads it
-        model, tokenizer = load(args.model, adapter=args.adapter, device=args.device, weights=False)
-        config = config_from_args(args, model, tokenizer)
-        del model, tokenizer
-        warn_if_open(args.host, config.api_key)
-        run_ray(args.model, config, adapter=args.adapter, device=args.device, host=args.host, port=args.port,
-                threads=args.threads or 1, replicas=args.replicas)
-        return
     try:
-        print(f"sbd: loading {args.model}…", file=sys.stderr, flush=True)  # seconds; a first smollm2 imports its GGUF
-        model, tokenizer = load(args.model, adapter=args.adapter, device=args.device)
+        if not args.replicas:
+            print(f"sbd: loading {args.model}…", file=sys.stderr, flush=True)  # a first smollm2 imports its GGUF
+        # with --replicas the options are checked against the model's config and drafter without its weights:
+        # each replica loads the model itself
+        model, tokenizer = load(args.model, adapter=args.adapter, device=args.device, weights=not args.replicas)
         config = config_from_args(args, model, tokenizer)
+        warn_if_open(args.host, config.api_key)
+        if args.replicas:
+            from ..serving.ray_app import run_ray
+
+            sock.close()  # Ray's proxy binds it itself
+            del model, tokenizer
+            run_ray(args.model, config, adapter=args.adapter, device=args.device, host=args.host, port=args.port,
+                    threads=args.threads or 1, replicas=args.replicas)
+            return
         from ..serving.app import create_app
 
         app = create_app(model, tokenizer, config)
-        warn_if_open(args.host, config.api_key)
         run(app, sock, f"serving {config.model_name!r} on http://{args.host}:{args.port}/v1 ({config.max_batch} "
                        f"rows, default method {config.limits.method}"
                        f"{', API key required' if config.api_key else ''}); Ctrl-C stops")

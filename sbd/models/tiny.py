@@ -72,7 +72,7 @@ def random_model(config, seed: int = 0, logit_scale: float = 1.0):
 def create(out_dir, arch: str = "llama", texts: Iterable[str] = SAMPLE_TEXT, vocab_size: int = 512,
            seed: int = 0, **sizes):
     """Write a random model + tokenizer (with its mask token recorded) to `out_dir`; returns both."""
-    from .loading import add_mask_token
+    from .folders import add_mask_token
 
     tokenizer = build_tokenizer(texts, vocab_size)
     config = tiny_config(arch, vocab_size=len(tokenizer), **sizes)

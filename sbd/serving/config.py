@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..decoding.defaults import VerifySettings
 from ..decoding.generate import apply_chat
 from ..decoding.spec import DecodeSpec, SpecError
 from ..models.facts import context_limit
@@ -123,10 +122,3 @@ def _template_tokens(tokenizer) -> int:
         return len(apply_chat(tokenizer, [{"role": "user", "content": ""}]))
     except Exception:  # a template that needs more than one message: no floor from it
         return 0
-
-
-def server_defaults(model, limits: Limits) -> VerifySettings:
-    """Greedy sbd-verify's drafting settings for requests that leave them out: the server's options where
-    given, else the model's measured defaults (the same as `sbd.generate`'s)."""
-    return DecodeSpec.resolve(model, method="sbd-verify", draft=limits.draft, lookup=limits.lookup,
-                              lookup_max=limits.lookup_max, tree=limits.tree).settings

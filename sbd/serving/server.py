@@ -11,12 +11,14 @@ from dataclasses import replace
 from ..decoding.generate import apply_chat, check_prompt_ids, mask_message
 from ..models.facts import context_limit, default_block_size, default_eos_ids
 from ..decoding.processing import Processing
+from ..decoding.defaults import VerifySettings
 from ..decoding.rows import make_row, verify_width
+from ..decoding.spec import DecodeSpec
 from ..decoding.trained_for import check_decoding
 from ..decoding.width_cost import forward_costs
 from ..errors import SBDError
 from ..models.facts import ModelFacts
-from .config import Limits, ServerConfig, default_max_tokens, server_defaults
+from .config import Limits, ServerConfig, default_max_tokens
 from .errors import APIError
 from .metrics import Metrics
 from .protocol import Options
@@ -32,10 +34,12 @@ class Server:
         self.facts = ModelFacts.of(model, tokenizer)  # what requests are checked and decoded against
         self.default_block = self.facts.block_size
         self.mask_id = self.facts.mask_id
-        self.metrics = Metrics()
-        # adaptive drafting trades acceptance against the cost of a wider forward, timed once here at the
-        # engine's full batch (the load the server is sized for)
-        self.forward_cost = forward_costs(model, batch=config.max_batch)
+        limit = self.facts.context  # prompt + max_tokens never run past the model's positions
+        self.max_len = min(config.max_model_len, limit) if limit else config.max_model_len
+        self.max_prompt = min(config.max_prompt_tokens or self.max_len - 1, self.max_len - 1)
+        if self.limits.max_tokens is None:  # left to the server: what fits this context beside a prompt
+            default = default_max_tokens(self.max_len, self.limits.max_tokens_limit)
+            self.limits = replace(self.limits, max_tokens=default)
         self.defaults = server_defaults(model, self.limits)
         # the widest forward a row may need: whole blocks of the largest block size a request may ask,
         # and the default drafting settings at that size (a request asking wider is refused in `jobs`)
@@ -43,12 +47,10 @@ class Server:
         width = max(2 * block + 1, verify_width(block, self.defaults.lookup_max if self.defaults.lookup else 0,
                                                 self.defaults.tree))
         self.width = width
-        limit = self.facts.context  # prompt + max_tokens never run past the model's positions
-        self.max_len = min(config.max_model_len, limit) if limit else config.max_model_len
-        self.max_prompt = min(config.max_prompt_tokens or self.max_len - 1, self.max_len - 1)
-        if self.limits.max_tokens is None:  # left to the server: what fits this context beside a prompt
-            default = default_max_tokens(self.max_len, self.limits.max_tokens_limit)
-            self.limits = replace(self.limits, max_tokens=default)
+        self.metrics = Metrics()
+        # adaptive drafting trades acceptance against the cost of a wider forward, timed once here at the
+        # engine's full batch (the load the server is sized for)
+        self.forward_cost = forward_costs(model, batch=config.max_batch)
         # no token covers more characters than the longest vocabulary entry, so a text longer than this
         # cannot fit the prompt limit whatever the tokenizer does (x4: a normalizer may compose characters)
         longest = max((len(k) for k in tokenizer.get_vocab()), default=1) if tokenizer is not None else 1
@@ -133,3 +135,10 @@ class Server:
                                     f"server runs at most {self.width}", param="tree" if spec.tree else "lookup_max")
             jobs.append(Job(row, spec.method, loop, events=events, index=i))
         return jobs
+
+
+def server_defaults(model, limits: Limits) -> VerifySettings:
+    """Greedy sbd-verify's drafting settings for requests that leave them out: the server's options where
+    given, else the model's measured defaults (the same as `sbd.generate`'s)."""
+    return DecodeSpec.resolve(model, method="sbd-verify", draft=limits.draft, lookup=limits.lookup,
+                              lookup_max=limits.lookup_max, tree=limits.tree).settings

@@ -19,30 +19,18 @@ SPEC_TOKENS = 15  # the longest draft vLLM schedules per step, masks included (t
 
 
 def resolve_model(model: str, adapter: str | None = None) -> tuple[Path, Path | None]:
-    """(base model folder, drafting adapter folder or None) for a folder, "smollm2" (the shipped adapter
-    over the imported GGUF) or "demo"; a drafting adapter folder given as the model names its base."""
-    from ...drafters import adapter as adapters
-    from ...models.loading import DEMO_NAMES, demo_path, packaged_model, shipped_name
+    """(base model folder, drafting adapter folder or None) as `sbd.load` resolves them
+    (`sbd.models.loading.resolve_paths`), plus a folder's own adapter in its `sbd_adapter` subfolder, where
+    the plug-in's model class looks too."""
+    from ...models.loading import resolve_paths
 
-    name = shipped_name(model)
-    shipped = None
-    if name in DEMO_NAMES:
-        path = demo_path(name)
-    elif name is not None:
-        path, shipped = packaged_model(name)
-    else:
-        path = Path(model)
-    if adapter is None and adapters.is_adapter_folder(path):
-        adapter, path = path, adapters.read_config(path).base_model_name_or_path
-        return resolve_model(str(path), str(adapter))
-    adapter_dir = Path(adapter) if adapter is not None else shipped
-    if adapter_dir is None and (Path(path) / ADAPTER_DIR / "adapter_config.json").is_file():
-        adapter_dir = Path(path) / ADAPTER_DIR  # where vLLM's class looks too
-    if adapter_dir is not None:
-        adapters.read_config(adapter_dir)  # one line for a folder that holds no drafting adapter
-    if not (Path(path) / "config.json").is_file():
+    own = None if adapter is not None else Path(str(model)) / ADAPTER_DIR
+    if own is not None and (own / "adapter_config.json").is_file():
+        adapter = str(own)  # checked by resolve_paths: one line for a folder that holds no drafting adapter
+    path, adapter_dir = resolve_paths(model, adapter)
+    if not (path / "config.json").is_file():
         raise SBDError(f"{str(path)!r} is not a model folder (no config.json)")
-    return Path(path), adapter_dir
+    return path, adapter_dir
 
 
 def engine_settings(model: str, adapter: str | None = None, spec_tokens: int = SPEC_TOKENS) -> dict:
