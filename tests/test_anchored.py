@@ -118,8 +118,8 @@ def test_what_the_drafter_records_decides_whether_it_runs(drafter):
 
 
 @pytest.mark.parametrize("kw, words", [
-    (dict(method="sbd-verify", anchor=True), "method='sbd' only"),
-    (dict(method="sbd", anchor="yes"), "True or False"),
+    (dict(method="sbd-verify", anchor=True), "applies to method='sbd'"),
+    (dict(method="sbd", anchor="yes"), "true or false"),
     (dict(method="sbd", anchor=True, proxy="margin"), "do not apply"),
     (dict(method="sbd", anchor=True, reveal_per_forward=2), "do not apply"),
 ])

@@ -15,10 +15,10 @@ from typing import Callable, Sequence
 
 import torch
 
+from ..drafters.sampler_head import head_of
 from ..errors import SBDError
 from ..models.facts import ModelFacts, context_limit
 from ..modes import eval_mode
-from ..drafters.sampler_head import head_of
 from .defaults import VerifySettings
 from .engine import Engine, ForwardRecord
 from .rows import make_row

@@ -7,18 +7,12 @@ from dataclasses import dataclass
 
 from ..decoding.generate import apply_chat
 from ..decoding.spec import DecodeSpec, SpecError
-from ..models.facts import context_limit
 from ..errors import SBDError
+from ..models.facts import context_limit
 
 MIB = 1 << 20
 DEFAULT_MAX_TOKENS = 256  # a request's max_tokens when it sends none, where half the context holds it
 MIN_MODEL_LEN = 16  # the shortest context served: a short prompt and an answer of a few tokens
-
-
-def default_max_tokens(max_len: int, max_tokens_limit: int = 1024) -> int:
-    """The max_tokens of a request that sends none: 256, or half the positions a request may use when that
-    is less (the other half for its prompt), so that the default never leaves a short prompt no room."""
-    return max(1, min(DEFAULT_MAX_TOKENS, max_len // 2, max_tokens_limit))
 
 
 @dataclass
@@ -34,7 +28,7 @@ class Limits:
     lookup: bool | None = None
     lookup_max: int | None = None
     tree: tuple[int, ...] | str | None = None
-    max_tokens: int | None = None  # None: `default_max_tokens` of the request length (256 where it fits)
+    max_tokens: int | None = None  # None: the server's `default_max_tokens` for its request length (256 where it fits)
     max_tokens_limit: int = 1024
     block_size_limit: int = 32
     lookup_max_limit: int = 64
@@ -69,7 +63,7 @@ def server_config(model, *, model_path: str, served_name: str | None = None, max
                   max_body_bytes: int = MIB, max_prompt_tokens: int | None = None,
                   api_key: str | None = None, tokenizer=None) -> ServerConfig:
     """The configuration `sbd serve` runs with; SBDError names the first option the model cannot honour.
-    max_tokens None: `default_max_tokens` (256, or half of the request length when that is less).
+    max_tokens None: the server's `default_max_tokens` (256, or half of the request length when that is less).
     tokenizer: with a chat template, the context must also hold the template around a short message."""
     limit = context_limit(model) or 2048
     length = max_model_len or min(2048, limit)
@@ -86,8 +80,6 @@ def server_config(model, *, model_path: str, served_name: str | None = None, max
     if max_tokens is not None and max_tokens >= length:
         raise SBDError(f"--max-tokens {max_tokens} leaves no room for a prompt within --max-model-len {length} "
                        f"(the default of requests that send no max_tokens); give at most {length - 1}")
-    if max_tokens is None:
-        max_tokens = default_max_tokens(length, max_tokens_limit)
     if max_prompt_tokens is not None and max_prompt_tokens >= length:
         raise SBDError(f"--max-prompt-tokens {max_prompt_tokens} leaves no room to generate within "
                        f"--max-model-len {length}")

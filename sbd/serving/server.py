@@ -8,21 +8,25 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-from ..decoding.generate import apply_chat, check_prompt_ids, mask_message
-from ..models.facts import context_limit, default_block_size, default_eos_ids
-from ..decoding.processing import Processing
 from ..decoding.defaults import VerifySettings
+from ..decoding.generate import apply_chat, check_prompt_ids, mask_message
 from ..decoding.rows import make_row, verify_width
 from ..decoding.spec import DecodeSpec
 from ..decoding.trained_for import check_decoding
 from ..decoding.width_cost import forward_costs
 from ..errors import SBDError
 from ..models.facts import ModelFacts
-from .config import Limits, ServerConfig, default_max_tokens
+from .config import DEFAULT_MAX_TOKENS, Limits, ServerConfig
 from .errors import APIError
 from .metrics import Metrics
 from .protocol import Options
 from .worker import Job, Worker
+
+
+def default_max_tokens(max_len: int, max_tokens_limit: int = 1024) -> int:
+    """The max_tokens of a request that sends none: 256, or half the positions a request may use when that
+    is less (the other half for its prompt), so that the default never leaves a short prompt no room."""
+    return max(1, min(DEFAULT_MAX_TOKENS, max_len // 2, max_tokens_limit))
 
 
 class Server:
@@ -34,13 +38,13 @@ class Server:
         self.facts = ModelFacts.of(model, tokenizer)  # what requests are checked and decoded against
         self.default_block = self.facts.block_size
         self.mask_id = self.facts.mask_id
+        self.defaults = server_defaults(model, self.limits)
         limit = self.facts.context  # prompt + max_tokens never run past the model's positions
         self.max_len = min(config.max_model_len, limit) if limit else config.max_model_len
         self.max_prompt = min(config.max_prompt_tokens or self.max_len - 1, self.max_len - 1)
         if self.limits.max_tokens is None:  # left to the server: what fits this context beside a prompt
             default = default_max_tokens(self.max_len, self.limits.max_tokens_limit)
             self.limits = replace(self.limits, max_tokens=default)
-        self.defaults = server_defaults(model, self.limits)
         # the widest forward a row may need: whole blocks of the largest block size a request may ask,
         # and the default drafting settings at that size (a request asking wider is refused in `jobs`)
         block = max(self.limits.block_size_limit, self.default_block)
