@@ -38,13 +38,13 @@ class Server:
         self.facts = ModelFacts.of(model, tokenizer)  # what requests are checked and decoded against
         self.default_block = self.facts.block_size
         self.mask_id = self.facts.mask_id
-        self.defaults = server_defaults(model, self.limits)
         limit = self.facts.context  # prompt + max_tokens never run past the model's positions
         self.max_len = min(config.max_model_len, limit) if limit else config.max_model_len
         self.max_prompt = min(config.max_prompt_tokens or self.max_len - 1, self.max_len - 1)
         if self.limits.max_tokens is None:  # left to the server: what fits this context beside a prompt
             default = default_max_tokens(self.max_len, self.limits.max_tokens_limit)
             self.limits = replace(self.limits, max_tokens=default)
+        self.defaults = server_defaults(model, self.limits)
         # the widest forward a row may need: whole blocks of the largest block size a request may ask,
         # and the default drafting settings at that size (a request asking wider is refused in `jobs`)
         block = max(self.limits.block_size_limit, self.default_block)
