@@ -24,7 +24,6 @@ from .draft_policy import LOOKUP_MAX
 from .trees import check_shape
 
 CHAIN_WORDS = ("chain", "none", "off")  # what a user writes to turn tree drafts off
-DEFAULT_LOOKUP_MAX = LOOKUP_MAX  # the longest prompt-lookup draft
 
 
 @dataclass(frozen=True)
@@ -34,7 +33,7 @@ class VerifySettings:
 
     draft: str = "block"
     lookup: bool = False
-    lookup_max: int = DEFAULT_LOOKUP_MAX
+    lookup_max: int = LOOKUP_MAX
     tree: tuple[int, ...] | None = None
     # whole-block drafts that step aside to plain next-token steps while the masks' drafts almost never
     # stand (`DraftOptions.fallback_alpha`): the default for masks that were never trained for drafting

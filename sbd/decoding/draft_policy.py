@@ -16,7 +16,11 @@ from typing import Sequence
 
 from .draft_lengths import best_draft_length, best_lookup_length, confident_length, expected_tokens
 
-LOOKUP_MAX = 16  # the longest prompt-lookup draft by default (`DraftOptions.lookup_max`)
+# The longest prompt-lookup draft by default. A lookup draft runs as long as its earlier occurrence does and
+# is fed without masks, so it costs its own width only: 16 makes a lookup forward (1 + 16) no wider than a
+# verifying forward of the default block of 16 (2·16 + 1), so the default engine width and cache room stay
+# as they were (Hugging Face's prompt lookup drafts 10).
+LOOKUP_MAX = 16
 SOURCES = ("masks", "lookup")
 
 
@@ -45,12 +49,7 @@ class DraftOptions:
     fallback_after, fallback_alpha (whole-block drafts of masks never trained for drafting): after this
     many refused drafts, plain next-token steps while a draft token's estimated chance to stand stays
     under fallback_alpha (a whole-block draft forward then yields < 1.18 tokens, less than its width costs
-    anywhere), with a whole-block probe every probe_every forwards.
-
-    lookup_max: the longest prompt-lookup draft where none is given. A lookup draft runs as long as its
-    earlier occurrence does and is fed without masks, so it costs its own width only: 16 makes a lookup
-    forward (1 + 16) no wider than a verifying forward of the default block of 16 (2·16 + 1), so the
-    default engine width and cache room stay as they were (Hugging Face's prompt lookup drafts 10)."""
+    anywhere), with a whole-block probe every probe_every forwards."""
 
     reuse_leftover: bool = False
     cut_head_chains: bool = False
@@ -59,7 +58,6 @@ class DraftOptions:
     probe_every: int = 16
     fallback_after: int = 8
     fallback_alpha: float = 0.15
-    lookup_max: int = LOOKUP_MAX
 
     def cuts_chains(self, head: bool) -> bool:
         """Whether adaptive chains are cut by the drafter's confidence: the masks' (`head` False) or a

@@ -242,7 +242,7 @@ class VerifyRow(Row):
     up. The adaptive rule prices the branches' width too.
 
     lookup (greedy): the draft is prompt lookup's when it finds a match (`LookupIndex`, at most
-    `lookup_max` tokens, default `DraftOptions.lookup_max`), else the masks'. A forward that verifies a
+    `lookup_max` tokens, default `draft_policy.LOOKUP_MAX`), else the masks'. A forward that verifies a
     lookup draft, chain or tree, feeds no masks: they would only draft the next forward if every draft
     token stood, and then lookup drafts it again (`feed`).
 
@@ -253,15 +253,12 @@ class VerifyRow(Row):
     never use the head (`drafts_with_head`): a sampled draft must be drawn from the distribution q the
     acceptance rule divides by, which is the masks' own."""
 
-    LOOKUP_MAX = LOOKUP_MAX  # the default longest prompt-lookup draft (`DraftOptions.lookup_max`)
-
     def __init__(self, prompt, *, block_size: int, mask_id: int, eb_gamma: float | None = None,
                  proxy: str = "entropy", cost=None, lookup: bool = False, tree=None,
-                 lookup_max: int | None = None, fallback: bool = False, options: DraftOptions | None = None,
+                 lookup_max: int = LOOKUP_MAX, fallback: bool = False, options: DraftOptions | None = None,
                  **kw):
         super().__init__(prompt, **kw)
         self.options = options = options or DEFAULT_OPTIONS
-        lookup_max = options.lookup_max if lookup_max is None else lookup_max
         # which settings go together was decided where the spec was resolved (`sbd.decoding.spec`)
         self.tree = trees.check_shape(tree)
         self.block_size, self.mask_id, self.eb_gamma, self.proxy = block_size, mask_id, eb_gamma, proxy

@@ -126,8 +126,8 @@ def _linear_hook(adapter: DraftingAdapter, name: str):
 
     def hook(module, args, output):
         s = adapter.start
-        if s is None:
-            return output
+        if s is None or (not isinstance(s, torch.Tensor) and s >= output.shape[-2]):
+            return output  # a plain forward, or a block that starts past this one: nothing to add
         a, b = adapter.lora_A[key], adapter.lora_B[key]  # looked up each time: wrappers may replace them
         if isinstance(s, torch.Tensor):  # one start per row
             return gated_update(output, args[0], a.t(), b.t(), adapter.scaling, per_row=_row_gate(s, output))

@@ -55,7 +55,7 @@ import torch
 
 from sbd.decoding.defaults import from_record
 from sbd.decoding.draft_lengths import expected_tokens
-from sbd.decoding.draft_policy import DEFAULT_OPTIONS, DraftOptions, DraftPolicy
+from sbd.decoding.draft_policy import DEFAULT_OPTIONS, LOOKUP_MAX, DraftOptions, DraftPolicy
 from sbd.decoding.proposers import chain as mask_chain
 from sbd.decoding.proposers import lookup as sbd_lookup
 
@@ -205,7 +205,7 @@ class SBDProposer:
         block = adapter.block_size if adapter is not None else 0
         self.masks = min(int(getattr(self.cfg, "sbd_masks", block)), self.num_spec) if adapter is not None else 0
         lookup = recorded.lookup if recorded is not None else adapter is None
-        lookup_max = recorded.lookup_max if recorded is not None else self.options.lookup_max
+        lookup_max = recorded.lookup_max if recorded is not None else LOOKUP_MAX
         self.lookup_on = bool(getattr(self.cfg, "sbd_lookup", lookup))
         self.lookup_max = min(int(getattr(self.cfg, "sbd_lookup_max", lookup_max)), self.num_spec)
         self.head = model.sbd_head if getattr(self.cfg, "sbd_sampler_head", True) else None
