@@ -14,6 +14,7 @@ from sbd import SBDError
 from sbd.drafters import adapter as adapters
 from sbd.drafters import sampler_head as heads
 from sbd.decoding.anchored import AnchoredRow
+from sbd.decoding.spec import DecodeSpec
 
 from conftest import _model, attach_random_adapter, hf_greedy, random_prompts
 from test_sampler_head import attach_random_head
@@ -89,7 +90,7 @@ def test_a_row_decodes_the_same_alone_and_in_a_batch(drafter):
 
 
 def _answered(values, k=4, gamma=0.5):
-    row = AnchoredRow([5, 6], block_size=k, mask_id=1, gamma=gamma, max_new=32)
+    row = AnchoredRow(DecodeSpec(method="sbd", anchor=True, block_size=k, gamma=gamma, max_new_tokens=32), [5, 6], mask_id=1)
     row.answer([])  # the prefill
     row.feed()
     row.answer(values)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import sbd
 from sbd.decoding import engine
 from sbd.decoding.attention import StepLayout, attend, rows_plan, uniform_plan
-from sbd.decoding.engine import columns, step_mask
+from sbd.decoding.forward import columns, step_mask
 
 from conftest import DEVICE, attach_random_adapter, random_prompts
 

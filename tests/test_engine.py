@@ -12,6 +12,7 @@ from transformers import DynamicCache
 import sbd
 from sbd.decoding.engine import Engine
 from sbd.decoding.rows import NTPRow, SBDRow, VerifyRow, eb_rule
+from sbd.decoding.spec import DecodeSpec
 from sbd.errors import SBDError
 from sbd.models.cache_arg import with_cache
 from sbd.sampler import reveal_from_proxy
@@ -71,13 +72,10 @@ def test_an_int_seed_gives_each_row_its_own_stream(llama):
         sbd.generate(llama, None, [p, p], method="sbd", temperature=1.0, seed=[1])
 
 
-def _row(method, prompt, model, **kw):
-    mask = model.config.sbd_mask_token_id
-    if method == "ntp":
-        return NTPRow(prompt, **kw)
-    if method == "sbd":
-        return SBDRow(prompt, block_size=4, mask_id=mask, gamma=0.35, **kw)
-    return VerifyRow(prompt, block_size=4, mask_id=mask, **kw)
+def _row(method, prompt, model, *, max_new, temperature, seed):
+    spec = DecodeSpec(method=method, block_size=4, gamma=0.35, max_new_tokens=max_new, temperature=temperature)
+    kind = {"ntp": NTPRow, "sbd": SBDRow, "sbd-verify": VerifyRow}[method]
+    return kind(spec, prompt, mask_id=model.config.sbd_mask_token_id, seed=seed)
 
 
 @pytest.mark.parametrize("prefill", ["separate", "mixed"])
@@ -153,8 +151,8 @@ def test_host_eb_rule_equals_the_tensor_rule():
 
 def test_a_full_engine_and_an_oversized_row_are_refused(llama):
     engine = Engine(llama, slots=1, capacity=16)
-    engine.add(NTPRow([5, 6], max_new=4))
+    engine.add(NTPRow(DecodeSpec(method="ntp", max_new_tokens=4), [5, 6]))
     with pytest.raises(SBDError, match="full"):
-        engine.add(NTPRow([5, 6], max_new=4))
+        engine.add(NTPRow(DecodeSpec(method="ntp", max_new_tokens=4), [5, 6]))
     with pytest.raises(SBDError, match="cache positions"):
-        Engine(llama, slots=2, capacity=16).add(NTPRow([5] * 10, max_new=10))
+        Engine(llama, slots=2, capacity=16).add(NTPRow(DecodeSpec(method="ntp", max_new_tokens=10), [5] * 10))

@@ -17,10 +17,11 @@ from test_verify import TwoHeadLM
 import sbd
 from sbd.drafters import adapter as adapters
 from sbd.decoding.rows import VerifyRow
+from sbd.decoding.spec import DecodeSpec
 
 
 def _row(seq, lookup_max=3):
-    row = VerifyRow(seq, block_size=4, mask_id=31, lookup=True, lookup_max=lookup_max, max_new=10)
+    row = VerifyRow(DecodeSpec(block_size=4, lookup=True, lookup_max=lookup_max, max_new_tokens=10), seq, mask_id=31)
     return row.lookup_index.propose(row.out, row.lookup_max)
 
 

@@ -43,7 +43,7 @@ def scan_lookup(seq, cap, ngrams=(3, 2)):
 def _grown(prompt, tokens, cap, rng):
     """A lookup row whose output grows by 1-5 tokens at a time (as verifying forwards commit them); the
     row's lookup and the oracle after every growth."""
-    row = VerifyRow(prompt, block_size=4, mask_id=MASK, lookup=True, lookup_max=cap, max_new=len(tokens) + 1)
+    row = VerifyRow(DecodeSpec(block_size=4, lookup=True, lookup_max=cap, max_new_tokens=len(tokens) + 1), prompt, mask_id=MASK)
     got, want = [row.lookup_index.propose(row.out, cap)], [scan_lookup(list(prompt), cap)]
     shared = [lookup.draft(list(prompt), cap)]  # the rule as the vLLM plug-in calls it
     while len(row.out) < len(tokens):
@@ -95,7 +95,7 @@ def test_the_index_reads_each_token_once():
             Counting.sets += 1
             super().__setitem__(key, value)
 
-    row = VerifyRow(list(range(3, 203)), block_size=4, mask_id=MASK, lookup=True, max_new=100)
+    row = VerifyRow(DecodeSpec(block_size=4, lookup=True, max_new_tokens=100), list(range(3, 203)), mask_id=MASK)
     index = row.lookup_index
     index.index = {g: Counting() for g in index.index}
     index.propose(row.out, 16)
@@ -192,7 +192,7 @@ def test_adaptive_lookup_drafts_grow_with_lookups_record_and_the_masks_keep_thei
 
 # -- cache room and width --------------------------------------------------------------------------------
 def test_cache_room_covers_the_longest_lookup_draft():
-    row = lambda **kw: VerifyRow([5, 6], mask_id=MASK, max_new=8, **kw)  # noqa: E731
+    row = lambda **kw: VerifyRow(DecodeSpec(max_new_tokens=8, **kw), [5, 6], mask_id=MASK)  # noqa: E731
     assert row(block_size=4).needs_extra == 9  # no lookup: as before
     assert row(block_size=4, lookup=True).needs_extra == 17  # 1 + the default 16, no masks
     assert row(block_size=4, lookup=True, lookup_max=40).needs_extra == 41

@@ -253,6 +253,7 @@ def test_a_row_drafts_from_the_token_the_masks_follow(tree):
     the head's left-to-right rescoring of the masks, starting from the next-token head's token after the
     draft, not the draft's own first token."""
     from sbd.decoding.rows import VerifyRow
+    from sbd.decoding.spec import DecodeSpec
 
     model = _model("llama", seed=6)
     head = attach_random_head(model, seed=20, scale=3.0)
@@ -260,7 +261,7 @@ def test_a_row_drafts_from_the_token_the_masks_follow(tree):
     try:
         differs = 0
         for seed in range(6):
-            row = VerifyRow([9], block_size=5, mask_id=mask, max_new=40, tree=tree)
+            row = VerifyRow(DecodeSpec(block_size=5, max_new_tokens=40, tree=tree), [9], mask_id=mask)
             row.draft = [11, 12, 13]
             if tree is not None:
                 row.branches = [[14], [11, 15]]

@@ -22,7 +22,8 @@ from sbd.drafters import adapter as adapters
 from sbd.decoding import trees
 from sbd.decoding.cache import SlotLayer
 from sbd.models.cache_arg import with_cache
-from sbd.decoding.engine import Engine, Feed
+from sbd.decoding.engine import Engine
+from sbd.decoding.forward import Feed
 from sbd.decoding.rows import NTPRow, VerifyRow, make_row
 from sbd.decoding.spec import DecodeSpec
 from sbd.masks import tree_mask
@@ -216,7 +217,7 @@ def test_a_tree_feed_sees_each_nodes_own_path_and_keeps_one_path(prefill):
         tree_row = FixedFeedRow(prompt, tokens, parents, 3, mask, keep)
         chain = [tokens[a] for a in _ancestors(parents, len(tokens) - 1)[::-1]]  # the last node's path
         chain_row = FixedFeedRow(prompt, chain, None, 3, mask, list(range(len(chain))))
-        other = NTPRow(random_prompts(1, model.config.vocab_size, lengths=(11,), seed=9)[0], max_new=4)
+        other = NTPRow(DecodeSpec(method="ntp", max_new_tokens=4), random_prompts(1, model.config.vocab_size, lengths=(11,), seed=9)[0])
         engine = Engine(model, slots=3, capacity=64, max_width=16, prefill=prefill)
         with torch.inference_mode():
             for r in (tree_row, other, chain_row):
@@ -305,8 +306,8 @@ class PlantedTreeRow(VerifyRow):
     continuation hides on a branch that leaves the main chain at a random depth and goes wrong later,
     with decoys around it; sometimes the main chain is right. Seeded per row: batch = alone holds."""
 
-    def __init__(self, prompt, ref, seed, vocab, **kw):
-        super().__init__(prompt, **kw)
+    def __init__(self, prompt, ref, seed, vocab, *, mask_id, eos=(), **spec):
+        super().__init__(DecodeSpec(block_size=5, tree=(2, 2), **spec), prompt, mask_id=mask_id, eos=eos)
         self.ref, self.rng, self.vocab = ref, random.Random(seed), vocab
         self.keeps = []
 
@@ -359,8 +360,8 @@ def _decode(model, rows, prefill="separate", slots=None, check=True):
 
 def _planted(model, prompt, ref, seed, **kw):
     eos = [model.config.eos_token_id]
-    return PlantedTreeRow(prompt, ref, seed, model.config.vocab_size, block_size=5,
-                          mask_id=model.config.sbd_mask_token_id, tree=(2, 2), max_new=len(ref) + 2, eos=eos, **kw)
+    return PlantedTreeRow(prompt, ref, seed, model.config.vocab_size, mask_id=model.config.sbd_mask_token_id,
+                          max_new_tokens=len(ref) + 2, eos=eos, **kw)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -474,7 +475,7 @@ def test_planted_branches_under_penalties_give_ntps_output():
         ref = sbd.generate(model, None, [prompt], method="ntp", max_new_tokens=24, eos_token_ids=[], **kw)
         plain = sbd.generate(model, None, [prompt], method="ntp", max_new_tokens=24, eos_token_ids=[])
         assert ref.token_ids != plain.token_ids  # the processors matter here
-        row = PlantedTreeRow(prompt, ref.token_ids[0], i, 40, block_size=5, mask_id=47, tree=(2, 2), max_new=24,
+        row = PlantedTreeRow(prompt, ref.token_ids[0], i, 40, mask_id=47, max_new_tokens=24,
                              processing=Processing(**kw))
         _decode(model, [row], check=False)
         assert row.out == ref.token_ids[0]

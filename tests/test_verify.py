@@ -316,6 +316,28 @@ def test_forward_costs_are_measured_once_per_model_and_batch(llama):
     assert f(1) == 1.0 and f(5) == pytest.approx(costs[4] + (costs[6] - costs[4]) / 2)
 
 
+def test_forward_costs_are_timed_through_the_engines_own_forward(llama, monkeypatch, tmp_path):
+    """Verify-shaped steps (half committed, the block under the adapter's gate) laid out and called as the
+    engine calls them; the model is left as it was (gate off, attention back to its own)."""
+    from sbd.decoding import width_cost
+    from sbd.decoding.forward import ModelForward
+
+    monkeypatch.setenv("SBD_COSTS_CACHE", str(tmp_path))
+    monkeypatch.setattr(width_cost, "_MEASURED", __import__("weakref").WeakKeyDictionary())
+    seen = []
+    real = ModelForward.__call__
+    monkeypatch.setattr(ModelForward, "__call__", lambda self, step, *a, **k: seen.append(
+        (step.tokens.shape, step.gate, step.plan)) or real(self, step, *a, **k))
+    attn = llama.config._attn_implementation
+    width_cost.relative_costs(llama, batch=2, context=16, repeats=1)
+    assert seen[0] == ((2, 16), 16, "split")  # the prompt: all committed, the gate past it
+    timed = seen[1:]
+    assert len(timed) == 2 * len(width_cost.WIDTHS)  # warm-up and one repeat
+    for (shape, gate, plan), w in zip(timed, width_cost.WIDTHS * 2):
+        assert shape == (2, w) and gate == max(w // 2, 1) and plan == ("open" if w == 1 else "split")
+    assert llama.config._attn_implementation == attn
+
+
 def test_forward_costs_are_kept_on_disk_so_a_new_process_starts_at_once(llama, tmp_path, monkeypatch, capsys):
     from sbd.decoding import width_cost
 
@@ -336,7 +358,9 @@ def test_forward_costs_are_kept_on_disk_so_a_new_process_starts_at_once(llama, t
     monkeypatch.setattr(width_cost, "ESTIMATE_NEW_BATCHES", False)  # ... or is timed, when asked to
     width_cost.relative_costs(llama, batch=4, context=16, repeats=1)
     assert timed == [3, 4]
-    (tmp_path / "forward_costs" / (width_cost.disk_key(llama, 4, 16, 1) + ".json")).write_text("{torn")
+    from sbd.decoding.forward import ModelForward
+
+    (tmp_path / "forward_costs" / (width_cost.disk_key(ModelForward(llama), 4, 16, 1) + ".json")).write_text("{torn")
     monkeypatch.setattr(width_cost, "_MEASURED", __import__("weakref").WeakKeyDictionary())
     width_cost.relative_costs(llama, batch=4, context=16, repeats=1)  # unreadable: measured again, no error
     assert timed == [3, 4, 4]

@@ -33,7 +33,7 @@ import time
 import torch
 
 from sbd.decoding import rows
-from sbd.decoding.engine import Feed
+from sbd.decoding.forward import Feed
 
 Base = rows.VerifyRow
 SETTINGS = {"behind": 0}

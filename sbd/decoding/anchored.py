@@ -26,7 +26,7 @@ import torch
 
 from ..sampler import entropy_and_argmax, pick_tokens
 from ..drafters.sampler_head import walk
-from .engine import Feed
+from .forward import Feed
 from .row import Row
 
 
@@ -34,10 +34,10 @@ class AnchoredRow(Row):
     """One sequence decoded with anchored plain SBD (module docstring): `gamma` bounds the summed
     uncertainty of the masks' tokens revealed after the next-token head's; blocks of `block_size` masks."""
 
-    def __init__(self, prompt, *, block_size: int, mask_id: int, gamma: float = 0.35, **kw):
-        super().__init__(prompt, **kw)
-        self.block_size, self.mask_id, self.gamma = block_size, mask_id, float(gamma)
-        self.needs_extra = block_size
+    def __init__(self, spec, prompt, *, mask_id: int, cost=None, **kw):
+        super().__init__(spec, prompt, **kw)
+        self.block_size, self.mask_id, self.gamma = spec.block_size, int(mask_id), float(spec.gamma)
+        self.needs_extra = self.block_size
         self.in_prefill = len(self.prompt) > 1
         self.pending = [self.prompt[-1]]  # revealed, committed by the next forward
         self.k = 0

@@ -4,7 +4,8 @@ Every row (a prompt being decoded, `sbd.decoding.rows`) owns a slot of the KV ca
 position and decoding state. A step asks every row what it feeds (`Feed`: tokens, how many of them
 are committed causally, how many logits it needs), lays the feeds out right-aligned in one (B, W)
 input (padding columns at the front, which write into scratch positions after the row's real tokens
-and see only the row's first real token), makes ONE model call, reads from the device ONCE for all rows, and lets
+and see only the row's first real token), makes ONE model call (`sbd.decoding.forward`, which alone
+knows how the model is called), reads from the device ONCE for all rows, and lets
 every row take its decision. A row's tokens therefore never depend on its neighbours (batch = alone),
 rows leave the moment they finish (their slot is refilled by the last row) and new rows may join
 between steps (continuous batching). Prefill of newcomers runs as its own forward ("separate") or
@@ -18,44 +19,20 @@ all the engine knows of tree drafts (`sbd.decoding.trees`).
 
 from __future__ import annotations
 
-import contextlib
-import inspect
 import math
 from collections import Counter
 from dataclasses import dataclass
 
 import torch
 
-from ..drafters.adapter import adapter_of
+from ..drafters.sampler_head import Drafting
 from ..errors import SBDError
-from ..masks import tree_mask
-from ..models.cache_arg import cache_name
-from ..drafters.sampler_head import Drafting, capture_output_input, head_of
-from .attention import flash_causal, fold_for, head_groups, routed, rows_plan, supports, uniform_plan
 from .cache import slot_cache
+from .forward import Feed, ModelForward
 
 PREFILL_MODES = ("separate", "mixed")
 ATTENTION = ("auto", "dense")
 STATIC_CAPACITY_STEP = 256
-
-
-@dataclass
-class Feed:
-    """What a row feeds into the next forward: `tokens` (host list), of which the first `n_commit` are
-    committed causally (kept in the cache) and the rest form one bidirectional block (scratch);
-    `n_logits` logits are returned for its last positions.
-
-    parents (optional): the committed part is a tree, not a chain: `parents[i]` (< i, or -1 for a token
-    that hangs from the cache directly; parents[0] = -1) is committed token i's parent. Token i then sees
-    the cache, itself and its ancestors (`sbd.masks.tree_mask`) at position cache length + its depth; the
-    block after the committed part follows the LAST committed token: it sees the cache, that token and
-    its ancestors, and the whole block, at the positions right after that token. None: a chain (each
-    committed token sees the earlier ones), the same as parents [-1, 0, 1, …]."""
-
-    tokens: list[int]
-    n_commit: int
-    n_logits: int
-    parents: list[int] | None = None
 
 
 @dataclass
@@ -86,65 +63,10 @@ CAUSAL_BLOCKS = False  # the default of `Engine.causal_blocks` (benchmarks/vllm/
 ATTENTION_DEFAULT = "auto"  # the default of `Engine(attention=None)` (tests/test_attention.py compares "dense")
 
 
-def columns(n_real: torch.Tensor, width: int) -> torch.Tensor:
-    """(B, width): each column's index among its row's real tokens (rows right-aligned); < 0 for padding."""
-    return torch.arange(width, device=n_real.device)[None] - (width - n_real)[:, None]
-
-
-def step_mask(lengths: torch.Tensor, n_real: torch.Tensor, n_commit: torch.Tensor, width: int,
-              visible: int, j: torch.Tensor | None = None, causal_blocks: bool = False) -> torch.Tensor:
-    """(B, 1, width, visible) bool mask of one engine forward (True = may attend).
-
-    Row b has `lengths[b]` cached positions and feeds `n_real[b]` tokens right-aligned in `width`
-    columns, the first `n_commit[b]` causal, the rest one block. Its tokens sit at cache positions
-    lengths[b] … lengths[b] + n_real[b] − 1. Causal queries see the cache and the earlier new tokens;
-    block queries see the cache and every new token; padding queries see the row's first new token only
-    (no attention row may be empty). j: `columns(n_real, width)`, if the caller has it already.
-    causal_blocks: block queries too see only the new tokens up to themselves (what an engine with causal
-    attention only, such as vLLM's CPU backend, gives the masks)."""
-    j = columns(n_real, width) if j is None else j
-    rel = torch.arange(visible, device=lengths.device)[None, None] - lengths[:, None, None]  # (B, 1, visible)
-    causal = (j < n_commit[:, None])[..., None] if not causal_blocks else torch.ones_like(j, dtype=torch.bool)[..., None]
-    new = (rel >= 0) & (rel < n_real[:, None, None]) & (~causal | (rel <= j[..., None]))
-    real = (j >= 0)[..., None]
-    return ((real & ((rel < 0) | new)) | (~real & (rel == 0)))[:, None]
-
-
 def bucket(n: int) -> int:
     """The batch a fixed-shape forward of `n` rows runs at: the next power of two, so that a compiled
     step has a few batch shapes, not one per count of live rows (the cache holds `bucket(slots)` rows)."""
     return 1 << max(n - 1, 0).bit_length()
-
-
-def tree_layout(mask: torch.Tensor, pos: torch.Tensor, feeds: list[Feed], lengths: list[int]) -> None:
-    """The rows whose committed part is a tree (`Feed.parents`): their masks over their own new tokens
-    and their position ids, in place. `step_mask` made the chain layout; only the committed keys (cache
-    positions length … length + n_commit − 1) and the positions of the real columns change. Built on
-    the host for all tree rows, sent in two copies."""
-    width = mask.shape[-2]
-    rows, seen, offsets = [], [], []
-    for b, f in enumerate(feeds):
-        if f.parents is None:
-            continue
-        n, c = len(f.tokens), f.n_commit
-        if len(f.parents) != c:
-            raise ValueError(f"Feed.parents names {len(f.parents)} parents for {c} committed tokens")
-        sees = tree_mask(f.parents)  # (c, c): committed token i sees itself and its ancestors
-        sees = torch.cat([sees, sees[-1:].expand(n - c, c)])  # the block follows the last committed token
-        depth = (sees[:c].sum(-1) - 1).tolist() if c else [-1]  # a token's depth: its count of ancestors
-        rows.append((b, n, c))
-        seen.append(sees.flatten())
-        offsets += depth[:c] + list(range(depth[-1] + 1, depth[-1] + 1 + n - c))
-    if not rows:
-        return
-    seen_d = torch.cat(seen).to(mask.device)
-    offsets_d = torch.tensor(offsets, dtype=pos.dtype).to(pos.device)
-    at_m = at_p = 0
-    for b, n, c in rows:
-        first, length = width - n, lengths[b]
-        mask[b, 0, first:, length : length + c] = seen_d[at_m : at_m + n * c].view(n, c)
-        pos[b, first:] = length + offsets_d[at_p : at_p + n]
-        at_m, at_p = at_m + n * c, at_p + n
 
 
 class Engine:
@@ -168,7 +90,8 @@ class Engine:
         if attention not in ATTENTION:
             raise SBDError(f"unknown attention {attention!r}; choose one of {', '.join(ATTENTION)}")
         self.model = model
-        self.device = model.get_input_embeddings().weight.device
+        self.forward = ModelForward(model, attention)  # how the model is called (attention plan, gate, capture)
+        self.device = self.forward.device
         self.static_widths = sorted(static_widths)
         if self.static_widths:  # a multiple of 256, so that calls of different budgets share shapes
             capacity = -(-capacity // STATIC_CAPACITY_STEP) * STATIC_CAPACITY_STEP
@@ -187,17 +110,9 @@ class Engine:
         self.observer = observer
         self.call = model if call is None else call
         self.prefill = prefill
-        self.keep_kw = "logits_to_keep" in inspect.signature(model.forward).parameters
-        self.cache_kw = cache_name(model)  # transformers >= 5.24 calls it `cache`
-        self.adapter = adapter_of(model)
-        self.sampler_head = head_of(model)  # drafts with it while it is enabled (`sbd.drafters.sampler_head`)
         # masks attend causally among themselves too: what an engine whose attention is causal only gives
         # them (vLLM on a CPU); a measurement switch (docs/serving.md), exact either way for sbd-verify
         self.causal_blocks = CAUSAL_BLOCKS
-        self.routed = attention == "auto" and supports(model)
-        self.fold = fold_for(self.device, head_groups(model)) if self.routed else 1
-        self.flash = self.routed and flash_causal(model)
-        self.dtype = model.get_input_embeddings().weight.dtype  # a folded mask's dtype (read once, not per step)
         self.plans: Counter = Counter()  # forwards per attention plan ("dense" when not routed)
 
     # -- rows ----------------------------------------------------------------------------------------
@@ -290,50 +205,19 @@ class Engine:
             slots = bucket(self.slots) if self.static_widths else self.slots
             self.cache = slot_cache(self.model, slots, self.capacity, self.trash, bool(self.static_widths))
         n_logits = max(f.n_logits for f in feeds)
-        ids = [[0] * (width - n) + f.tokens for f, n in zip(feeds, real)]
         lengths = self._lengths[lo:hi] + [0] * (len(feeds) - len(rows))
-        hi = lo + len(feeds)
-        dev = self.device
-        tokens = torch.tensor(ids, dtype=torch.long, device=dev)
-        L = torch.tensor(lengths, dtype=torch.long, device=dev)
-        n = torch.tensor(real, dtype=torch.long, device=dev)
-        c = torch.tensor([f.n_commit for f in feeds], dtype=torch.long, device=dev)
-        j = columns(n, width)
-        pos = (L[:, None] + j).clamp_min(0)
-        uniform = (self.routed and not static and len(set(lengths)) == 1 and min(real) == width
-                   and len({f.n_commit for f in feeds}) == 1 and all(f.parents is None for f in feeds))
-        mask = None
-        if not uniform or self.observer is not None:
-            mask = step_mask(L, n, c, width, visible, j, self.causal_blocks)
-            tree_layout(mask, pos, feeds, lengths)
-        extra = {}
-        if self.routed:
-            layout = (uniform_plan(lengths[0], feeds[0].n_commit, width, self.causal_blocks, self.flash, dev) if uniform
-                      else rows_plan(mask, self.fold, self.dtype))
-            extra["sbd_layout"] = layout
-        self.plans[extra["sbd_layout"].plan if self.routed else "dense"] += 1
-        write_at = L[:, None] + torch.where(j >= 0, j, j + width)  # padding writes after the row's real tokens
-        for layer in self.cache.layers:
-            layer.lo, layer.hi, layer.visible, layer.write_at = lo, hi, visible, write_at
+        step = self.forward.inputs(feeds, lengths, width, visible, static=static, causal_blocks=self.causal_blocks,
+                                   observed=self.observer is not None)
+        self.plans[step.plan] += 1
         keep = max(n_logits, 1)  # (0 would mean "all" to transformers)
-        kw = {"logits_to_keep": width if static else keep} if self.keep_kw else {}  # static: one graph per width
-        if self.adapter is not None:  # gate: the block part of each row (after its committed tokens)
-            starts = [width - n_ + f.n_commit for n_, f in zip(real, feeds)]
-            one = len(set(starts)) == 1 and not static  # static: always per row, so the graph never changes
-            self.adapter.start = starts[0] if one else torch.tensor(starts, device=dev)
         call = self.call if static else self.model
         head = self._drafting_head(rows, call)
-        try:
-            with (capture_output_input(self.model) if head is not None else contextlib.nullcontext() as box,
-                  routed(self.model, self.routed)):
-                out = call(input_ids=tokens, position_ids=pos, attention_mask=None if self.routed else mask,
-                           **{self.cache_kw: self.cache}, use_cache=True, **kw, **extra)
-        finally:
-            if self.adapter is not None:
-                self.adapter.start = None
+        out, hidden = self.forward(step, self.cache, lo, logits_to_keep=width if static else keep, call=call,
+                                   head=head)  # static: one graph per width
+        tokens, pos, mask = step.tokens, step.pos, step.mask
         n_rows = len(rows)  # the real rows (a static batch's idle slots after them are dropped here)
         logits = out.logits[:n_rows, -keep:]
-        hidden = box[0][:n_rows, -keep:] if head is not None else None  # the output layer's input at the kept positions
+        hidden = hidden[:n_rows, -keep:] if head is not None else None  # the output layer's input at the kept positions
         if n_rows < len(feeds):
             tokens, pos, mask = tokens[:n_rows], pos[:n_rows], mask[:n_rows] if mask is not None else None
             feeds, real, lengths = feeds[:n_rows], real[:n_rows], lengths[:n_rows]
@@ -366,7 +250,7 @@ class Engine:
     def _drafting_head(self, rows, call):
         """The sampler head, when it is enabled, the model is called eagerly (a compiled call may not run
         hooks) and some row drafts with it in this step; else None (and nothing is captured)."""
-        head = self.sampler_head
+        head = self.forward.sampler_head
         if head is None or not head.enabled or call is not self.model:
             return None
         return head if any(getattr(r, "drafts_with_head", False) for r in rows) else None

@@ -3,11 +3,14 @@ EOS and stop strings, the budget, and the logit processors of the next-token hea
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 
-from .processing import Processing, bias_vector, processed, read_logprobs
+from .processing import bias_vector, processed, read_logprobs
+
+if TYPE_CHECKING:
+    from .spec import DecodeSpec
 
 
 class Row:
@@ -17,15 +20,14 @@ class Row:
 
     needs_extra = 0  # cache positions needed beyond prompt + budget
 
-    def __init__(self, prompt: list[int], *, max_new: int, eos: Sequence[int] = (), stop: Sequence[str] = (),
-                 tokenizer=None, temperature: float = 0.0, seed: int | None = None, device=None,
-                 processing: Processing | None = None):
+    def __init__(self, spec: DecodeSpec, prompt: list[int], *, eos: Sequence[int] = (), tokenizer=None,
+                 seed: int | None = None, device=None):
         self.prompt = list(prompt)
-        self.max_new = max_new
+        self.max_new = spec.max_new_tokens
         self.eos = frozenset(int(e) for e in eos)
-        self.stop = list(stop)
+        self.stop = list(spec.stop)
         self.tokenizer = tokenizer
-        self.temperature = float(temperature)
+        self.temperature = float(spec.temperature)
         self.gen = None
         if self.temperature > 0:
             self.gen = torch.Generator(device=device or "cpu")
@@ -40,8 +42,9 @@ class Row:
         self.in_prefill = False
         self._checked = 0  # tokens already searched for stop strings
         # None when the processors change nothing: the hot path then skips them entirely
-        self.processing = processing if processing is not None and processing.changes_logits else None
-        self.top_logprobs = processing.logprobs if processing is not None else None
+        processing = spec.processing
+        self.processing = processing if processing.changes_logits else None
+        self.top_logprobs = processing.logprobs
         self.logprobs: list | None = [] if self.top_logprobs is not None else None
         self._bias: torch.Tensor | None = None  # logit_bias as a dense vector, made at the first forward
         self._counts: torch.Tensor | None = None  # (V,) on the device: how often each token was generated

@@ -18,8 +18,11 @@ draft keeps one path). All bookkeeping is on small host lists.
   is kept.
 - `AnchoredRow` (`sbd.decoding.anchored`): plain SBD anchored on the next-token head.
 
-NTP and sbd-verify rows take a `Processing` (logit_bias, penalties, top_p, logprobs;
-`sbd.decoding.processing`): it acts on the next-token head only, on the device inside `ask()`.
+Every row is built from a `DecodeSpec` (`sbd.decoding.spec`, which decided what goes together) and what
+the spec cannot know: the prompt, the mask token, EOS ids, the tokenizer (stop strings), the seed and the
+device (`make_row` picks the class). NTP and sbd-verify rows apply the spec's `Processing` (logit_bias,
+penalties, top_p, logprobs; `sbd.decoding.processing`): it acts on the next-token head only, on the
+device inside `ask()`.
 """
 
 from __future__ import annotations
@@ -33,9 +36,9 @@ from ..masks import tree_mask
 from ..sampler import entropy_and_argmax, error_proxy, pick_tokens
 from . import trees
 from .anchored import AnchoredRow
-from .draft_policy import DEFAULT_OPTIONS, LOOKUP_MAX, DraftOptions, DraftPolicy
-from .engine import Feed
-from .processing import Processing, pick, target_probs, token_logprobs
+from .draft_policy import DraftPolicy
+from .forward import Feed
+from .processing import pick, target_probs, token_logprobs
 from .proposers import tree as tree_branches
 from .proposers.chain import MaskChain, leftover_draft
 from .proposers.lookup import LookupIndex
@@ -69,8 +72,8 @@ def eb_rule(h: Sequence[float], masked: Sequence[bool], gamma: float,
 class NTPRow(Row):
     """Plain next-token decoding: one token per forward."""
 
-    def __init__(self, prompt, **kw):
-        super().__init__(prompt, **kw)
+    def __init__(self, spec, prompt, *, mask_id: int | None = None, cost=None, **kw):
+        super().__init__(spec, prompt, **kw)
         self.in_prefill = len(self.prompt) > 1
         self.last = self.prompt[-1]
 
@@ -106,10 +109,10 @@ class SBDRow(Row):
     """Set Block Decoding with the EB rule (gamma, proxy); `fixed` reveals the first `fixed` masked
     positions per forward instead (a timing schedule, not a decoding rule)."""
 
-    def __init__(self, prompt, *, block_size: int, mask_id: int, gamma: float = 0.35, proxy: str = "entropy",
-                 fixed: int | None = None, **kw):
-        super().__init__(prompt, **kw)
-        self.block_size, self.mask_id, self.gamma, self.proxy, self.fixed = block_size, mask_id, gamma, proxy, fixed
+    def __init__(self, spec, prompt, *, mask_id: int, cost=None, **kw):
+        super().__init__(spec, prompt, **kw)
+        block_size, gamma, fixed = spec.block_size, float(spec.gamma), spec.reveal_per_forward
+        self.block_size, self.mask_id, self.gamma, self.proxy, self.fixed = block_size, int(mask_id), gamma, spec.proxy, fixed
         self.needs_extra = block_size
         self.any_order = math.isinf(gamma) or fixed is not None  # no entropies needed
         self.in_prefill = True
@@ -222,10 +225,10 @@ class VerifyRow(Row):
     """sbd-verify (module docstring): verify a draft, commit what stands, and ask the drafters for the
     next one. What is drafted comes from the drafters (`sbd.decoding.proposers`); how long, and from
     which source, from the row's `DraftPolicy` (`sbd.decoding.draft_policy`), the same policy the vLLM
-    proposer holds per request. options: the drafting switches (`DraftOptions`; None: the defaults).
+    proposer holds per request, with the spec's drafting switches (`DraftOptions`).
 
     eb_gamma None: the draft is the whole block the masks predicted; a number: the draft is first
-    revealed by the EB rule over forwards of its own (greedy only). cost (adaptive drafting): a function
+    revealed by the EB rule over forwards of its own (greedy only). cost (draft "adaptive"): a function
     width → relative forward time (`sbd.decoding.width_cost`); after every verifying forward the policy
     picks how many masks to feed next (at most block_size) from the row's acceptance so far
     (`best_draft_length`). When no draft pays, the row takes plain next-token steps and tries a one-token
@@ -242,7 +245,7 @@ class VerifyRow(Row):
     up. The adaptive rule prices the branches' width too.
 
     lookup (greedy): the draft is prompt lookup's when it finds a match (`LookupIndex`, at most
-    `lookup_max` tokens, default `draft_policy.LOOKUP_MAX`), else the masks'. A forward that verifies a
+    `lookup_max` tokens), else the masks'. A forward that verifies a
     lookup draft, chain or tree, feeds no masks: they would only draft the next forward if every draft
     token stood, and then lookup drafts it again (`feed`).
 
@@ -253,19 +256,17 @@ class VerifyRow(Row):
     never use the head (`drafts_with_head`): a sampled draft must be drawn from the distribution q the
     acceptance rule divides by, which is the masks' own."""
 
-    def __init__(self, prompt, *, block_size: int, mask_id: int, eb_gamma: float | None = None,
-                 proxy: str = "entropy", cost=None, lookup: bool = False, tree=None,
-                 lookup_max: int = LOOKUP_MAX, fallback: bool = False, options: DraftOptions | None = None,
-                 **kw):
-        super().__init__(prompt, **kw)
-        self.options = options = options or DEFAULT_OPTIONS
+    def __init__(self, spec, prompt, *, mask_id: int, cost=None, **kw):
+        super().__init__(spec, prompt, **kw)
         # which settings go together was decided where the spec was resolved (`sbd.decoding.spec`)
-        self.tree = trees.check_shape(tree)
-        self.block_size, self.mask_id, self.eb_gamma, self.proxy = block_size, mask_id, eb_gamma, proxy
-        self.cost = cost
+        self.options = options = spec.draft_options
+        self.tree = trees.check_shape(spec.tree)
+        block_size, eb_gamma, lookup, lookup_max = spec.block_size, spec.eb_gamma, spec.lookup, spec.lookup_max
+        self.block_size, self.mask_id, self.eb_gamma, self.proxy = block_size, int(mask_id), eb_gamma, spec.proxy
+        self.cost = cost = cost if spec.draft == "adaptive" else None
         # fallback: whole-block greedy drafts only (`DraftPolicy.fall_back`)
         self.policy = DraftPolicy(block_size, options, tree=self.tree or (),
-                                  fallback=fallback and cost is None and eb_gamma is None and self.temperature <= 0)
+                                  fallback=spec.fallback and cost is None and eb_gamma is None and self.temperature <= 0)
         self.lookup = lookup  # greedy: draft from an earlier occurrence of the last tokens when there is one
         self.lookup_max = lookup_max  # the longest lookup draft
         self.lookup_index = LookupIndex(self.prompt) if lookup else None
@@ -525,18 +526,8 @@ def make_row(spec, prompt: list[int], *, mask_id: int | None, eos: Sequence[int]
     resolved): NTP, SBD (anchored or by the EB rule) or sbd-verify. cost: for draft "adaptive", width →
     relative forward time (`sbd.decoding.width_cost`). eos, tokenizer (stop strings), seed (sampling),
     device: what the spec cannot know."""
-    common = dict(max_new=spec.max_new_tokens, eos=eos, stop=list(spec.stop), tokenizer=tokenizer,
-                  temperature=spec.temperature, seed=seed, device=device)
-    if not spec.processing.is_default:
-        common["processing"] = spec.processing
-    if spec.method == "ntp":
-        return NTPRow(prompt, **common)
-    if spec.method == "sbd-verify":
-        return VerifyRow(prompt, block_size=spec.block_size, mask_id=int(mask_id), proxy=spec.proxy,
-                         eb_gamma=spec.eb_gamma, cost=cost if spec.draft == "adaptive" else None, lookup=spec.lookup,
-                         lookup_max=spec.lookup_max, tree=spec.tree, fallback=spec.fallback,
-                         options=spec.draft_options, **common)
-    if spec.anchor:
-        return AnchoredRow(prompt, block_size=spec.block_size, mask_id=int(mask_id), gamma=float(spec.gamma), **common)
-    return SBDRow(prompt, block_size=spec.block_size, mask_id=int(mask_id), gamma=float(spec.gamma), proxy=spec.proxy,
-                  fixed=spec.reveal_per_forward, **common)
+    if spec.method == "sbd":
+        kind = AnchoredRow if spec.anchor else SBDRow
+    else:
+        kind = NTPRow if spec.method == "ntp" else VerifyRow
+    return kind(spec, prompt, mask_id=mask_id, eos=eos, tokenizer=tokenizer, seed=seed, device=device, cost=cost)

@@ -1,6 +1,7 @@
 """How much a wider forward costs on this model and device: what adaptive drafting trades against.
 
-`forward_costs(model, batch)` times forwards of a few widths over a short cache and returns a function
+`forward_costs(model, batch)` times forwards of a few widths over a short cache, through the engine's
+own forward (`sbd.decoding.forward`: its cache, attention plan and adapter gate), and returns a function
 giving the time of a w-token forward relative to a 1-token forward (interpolated between the widths
 timed). On an H100 the paper's roofline puts a 16-token forward at 1.004x; on a CPU the step from 1 to
 2 tokens alone can cost half a forward (a matrix-vector product becomes a matrix product), and the
@@ -12,6 +13,7 @@ measurements), so a new process starts at once; a measurement that has to be tak
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import json
 import math
@@ -25,11 +27,9 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from transformers import DynamicCache
 
-from ..drafters.adapter import gated
-from ..models.cache_arg import with_cache
-from ..models.narrow_linear import uses_narrow_linear
+from .cache import slot_cache
+from .forward import Feed, ModelForward
 
 # The widths timed; a verify step with draft d is 2d + 2 wide. Both sides of every multiple of 8: narrow
 # linear layers pad a forward's columns to a multiple of 8 beyond 8 (`sbd.models.narrow_linear`), so
@@ -43,20 +43,21 @@ _MEASURED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 ESTIMATE_NEW_BATCHES = True
 
 
-def _timed(model, ids, cache, past: int, device) -> float:
-    pos = torch.arange(past, past + ids.shape[1], device=device)[None].expand(ids.shape[0], -1)
-    if device.type == "cuda":
+def _timed(forward: ModelForward, feeds: list[Feed], cache, length: int) -> float:
+    """Seconds of one forward of `feeds` over `length` cached positions per row, laid out as the engine
+    lays out a step (the layout is part of what a step costs)."""
+    if forward.device.type == "cuda":
         torch.cuda.synchronize()
-    w = ids.shape[1]
+    width = len(feeds[0].tokens)
     t = time.perf_counter()
-    with gated(model, w // 2 if w > 1 else None):  # a verify forward: head and draft, then the gated masks
-        model(input_ids=ids, position_ids=pos, **with_cache(model, cache), use_cache=True, logits_to_keep=w)
-    if device.type == "cuda":
+    step = forward.inputs(feeds, [length] * len(feeds), width, length + width)
+    forward(step, cache, logits_to_keep=width)
+    if forward.device.type == "cuda":
         torch.cuda.synchronize()
-    cache.crop(-ids.shape[1])  # back to the prompt (transformers 5: a negative count to drop)
     return time.perf_counter() - t
 
 
+@functools.lru_cache(maxsize=1)
 def _cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -67,21 +68,12 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def disk_key(model, batch: int, context: int, repeats: int) -> str:
-    """What the costs depend on: the model's shapes (its config, a drafting adapter's rank), dtype,
-    device, narrow layers, the threads, the processor and torch's version (not its weights), then the
-    batch: `FAMILY-bBATCH`."""
-    from ..drafters.adapter import adapter_of
-
-    device = model.get_input_embeddings().weight.device
-    adapter = adapter_of(model)
-    config = model.config.to_dict()
-    for k in ("_name_or_path", "name_or_path", "transformers_version", "sbd_decoding", "sbd_trained_for"):
-        config.pop(k, None)
-    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else ""
-    parts = [json.dumps(config, sort_keys=True, default=str), str(model.dtype), str(device), gpu,
-             str(uses_narrow_linear(model)), str(adapter.config.r if adapter is not None else 0),
-             str(context), str(repeats), str(torch.get_num_threads()), _cpu_name(), torch.__version__, str(WIDTHS)]
+def disk_key(forward: ModelForward, batch: int, context: int, repeats: int) -> str:
+    """What the costs depend on: the model's shapes (`ModelForward.shape`: config, dtype, device, narrow
+    layers, a drafting adapter's rank, attention path), the threads, the processor and torch's version
+    (not its weights), then the batch: `FAMILY-bBATCH`."""
+    parts = [*forward.shape, str(context), str(repeats), str(torch.get_num_threads()), _cpu_name(),
+             torch.__version__, str(WIDTHS)]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24] + f"-b{batch}"
 
 
@@ -127,11 +119,12 @@ def _write_disk(key: str, costs: dict[int, float]) -> None:
 
 def relative_costs(model, batch: int = 1, context: int = 64, repeats: int = 3) -> dict[int, float]:
     """{width: median time of a width-token forward / that of a 1-token forward} for `WIDTHS`."""
-    key = (batch, str(model.get_input_embeddings().weight.device), uses_narrow_linear(model))
+    forward = ModelForward(model)
+    shape = (batch, *forward.shape)  # in this process: whatever context and repeats timed it
     known = _MEASURED.setdefault(model, {})
-    if key in known:
-        return known[key]
-    stored = disk_key(model, batch, context, repeats)
+    if shape in known:
+        return known[shape]
+    stored = disk_key(forward, batch, context, repeats)
     costs = _read_disk(stored)
     near = _nearest_batch(stored) if costs is None and ESTIMATE_NEW_BATCHES else None
     if near is not None:  # a new batch size on a model timed before: no stall, its nearest batch's costs
@@ -139,27 +132,32 @@ def relative_costs(model, batch: int = 1, context: int = 64, repeats: int = 3) -
     elif costs is None:
         print(f"sbd: timing forwards of {len(WIDTHS)} widths at batch {batch} for adaptive drafting (once per model "
               "shape, batch size and machine; kept in the cache folder)", file=sys.stderr, flush=True)
-        costs = _measure(model, batch, context, repeats)
+        costs = _measure(forward, batch, context, repeats)
         _write_disk(stored, costs)
-    known[key] = costs
+    known[shape] = costs
     return costs
 
 
-def _measure(model, batch: int, context: int, repeats: int) -> dict[int, float]:
-    device = model.get_input_embeddings().weight.device
-    vocab = model.get_input_embeddings().num_embeddings
+def _measure(forward: ModelForward, batch: int, context: int, repeats: int) -> dict[int, float]:
+    """Time verify-shaped forwards (w tokens, the first w/2 committed, the rest a block under the adapter's
+    gate) of each width over `context` cached tokens per row, widths interleaved; the scratch they write
+    is overwritten by the next (the rows' lengths stay at `context`)."""
+    vocab = forward.model.get_input_embeddings().num_embeddings
     g = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, vocab, (batch, context), generator=g).to(device)
-    cache = DynamicCache(config=model.config)
+    cache = slot_cache(forward.model, batch, context, max(WIDTHS))
+
+    def feeds(w: int, n_commit: int) -> list[Feed]:
+        return [Feed(torch.randint(0, vocab, (w,), generator=g).tolist(), n_commit, w) for _ in range(batch)]
+
     times: dict[int, list[float]] = {w: [] for w in WIDTHS}
     with torch.inference_mode():
-        model(input_ids=prompt, **with_cache(model, cache), use_cache=True, logits_to_keep=1)
-        inputs = {w: torch.randint(0, vocab, (batch, w), generator=g).to(device) for w in WIDTHS}
+        _timed(forward, feeds(context, context), cache, 0)  # the prompt
+        inputs = {w: feeds(w, max(w // 2, 1)) for w in WIDTHS}
         for w in WIDTHS:  # warm-up
-            _timed(model, inputs[w], cache, context, device)
+            _timed(forward, inputs[w], cache, context)
         for _ in range(repeats):  # widths interleaved
             for w in WIDTHS:
-                times[w].append(_timed(model, inputs[w], cache, context, device))
+                times[w].append(_timed(forward, inputs[w], cache, context))
     one = statistics.median(times[1])
     costs = {w: max(1.0, statistics.median(t) / one) if w > 1 else 1.0 for w, t in times.items()}
     wider = float("inf")

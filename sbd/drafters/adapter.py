@@ -32,7 +32,7 @@ from torch import nn
 
 from ..errors import SBDError
 from . import folder as files
-from .attach import Slot, loaded, setting
+from .attach import Slot, setting
 from .config import DrafterConfig
 from .gated import gated_update, low_rank
 
@@ -174,6 +174,11 @@ def adapter_of(model) -> DraftingAdapter | None:
 def attach(model, config: AdapterConfig) -> DraftingAdapter:
     """Attach a fresh (zero-update) adapter to `model` in place and return it. The model's own weights
     are not touched; train with `model.requires_grad_(False)` first so that only the adapter learns."""
+    return _hang(model, _fresh(model, config))
+
+
+def _fresh(model, config: AdapterConfig) -> DraftingAdapter:
+    """A zero-update adapter over `model`'s layers, not attached yet (no hooks)."""
     SLOT.check_free(model)
     mask_id = getattr(model.config, "sbd_mask_token_id", None)
     if mask_id is None:
@@ -182,13 +187,16 @@ def attach(model, config: AdapterConfig) -> DraftingAdapter:
         config.mask_token_id = int(mask_id)
     if config.mask_token_id != int(mask_id):
         raise SBDError(f"the adapter was made for mask token id {config.mask_token_id}, the model's is {mask_id}")
-    layers = _targets(model, config.target_modules)
-    embedding = model.get_input_embeddings()
-    adapter = DraftingAdapter(config, layers, embedding)
+    return DraftingAdapter(config, _targets(model, config.target_modules), model.get_input_embeddings())
+
+
+def _hang(model, adapter: DraftingAdapter) -> DraftingAdapter:
+    """Hang `adapter` on `model` and hook it into the layers it updates and the embedding."""
     SLOT.hang(model, adapter)
-    for name, lin in layers.items():
-        adapter._hooks.append(lin.register_forward_hook(_linear_hook(adapter, name)))
-    adapter._hooks.append(embedding.register_forward_hook(_embedding_hook(adapter)))
+    modules = dict(model.named_modules())
+    for name in adapter.names:
+        adapter._hooks.append(modules[name].register_forward_hook(_linear_hook(adapter, name)))
+    adapter._hooks.append(model.get_input_embeddings().register_forward_hook(_embedding_hook(adapter)))
     return adapter
 
 
@@ -269,8 +277,11 @@ def read(folder) -> SavedAdapter:
 def load_weights(model, folder) -> None:
     """Copy the tensors saved in `folder` into the adapter already attached to `model` (same parameter
     objects, so an optimizer that holds them keeps working: this is how a training run resumes)."""
-    adapter = adapter_of(model)
-    weights, tensors, mask = _read_weights(folder, f"{str(folder)!r} has no {WEIGHTS_NAME}")
+    _fill(adapter_of(model), folder, f"{str(folder)!r} has no {WEIGHTS_NAME}")
+
+
+def _fill(adapter: DraftingAdapter, folder, missing: str) -> None:
+    weights, tensors, mask = _read_weights(folder, missing)
     pairs = []
     for name in adapter.names:
         for part, store in (("lora_A", adapter.lora_A), ("lora_B", adapter.lora_B)):
@@ -287,11 +298,17 @@ def load_weights(model, folder) -> None:
 
 
 def load(model, folder) -> DraftingAdapter:
-    """Attach the adapter saved in `folder` to `model` (in place) and return it."""
-    config = read_config(folder)
-    if not (Path(folder) / WEIGHTS_NAME).is_file():
-        raise SBDError(f"{str(folder)!r} has {CONFIG_NAME} but no {WEIGHTS_NAME}")
-    return loaded(model, folder, lambda m: attach(m, config), load_weights, detach)
+    """Attach the adapter saved in `folder` to `model` (in place) and return it; one that does not fit
+    leaves the model as it was (filled before it hangs)."""
+    adapter = _fresh(model, read_config(folder))
+    _fill(adapter, folder, f"{str(folder)!r} has {CONFIG_NAME} but no {WEIGHTS_NAME}")
+    return _hang(model, adapter)
+
+
+def base_model(folder) -> str | None:
+    """The base model the adapter in `folder` was made for, as its config records it (a folder or a
+    shipped name; None when it names none); SBDError for a folder that holds no adapter."""
+    return read_config(folder).base_model_name_or_path
 
 
 def is_adapter_folder(folder) -> bool:

@@ -3,8 +3,8 @@
 A drafter is a submodule of the model under its own attribute (`model.sbd_adapter`,
 `model.sbd_sampler_head`): it moves with `.to()` and its parameters reach an optimizer, while the model's
 own modules and state dict stay as they were. At most one of each kind hangs on a model; `Slot` is that
-attribute, `loaded` the attach-then-fill of a saved drafter (a refused one leaves nothing behind), and
-`setting` the with-block switch (the adapter's gate, the head's on/off).
+attribute, and `setting` the with-block switch (the adapter's gate, the head's on/off). A saved drafter
+is built and filled before it hangs, so one that is refused leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -45,17 +45,6 @@ class Slot:
         if drafter is not None:
             delattr(model, self.attribute)
         return drafter
-
-
-def loaded(model, folder, attach, load_weights, detach):
-    """`attach(model)` a fresh drafter, fill it with the weights saved in `folder`; a refusal detaches it."""
-    drafter = attach(model)
-    try:
-        load_weights(model, folder)
-    except SBDError:
-        detach(model)
-        raise
-    return drafter
 
 
 @contextlib.contextmanager

@@ -42,7 +42,7 @@ from torch import nn
 
 from ..errors import SBDError
 from . import folder as files
-from .attach import Slot, loaded, setting
+from .attach import Slot, setting
 from .config import DrafterConfig
 
 CONFIG_NAME = "sampler_head_config.json"
@@ -127,15 +127,19 @@ def active_head(model) -> SamplerHead | None:
 
 def attach(model, config: SamplerHeadConfig | None = None) -> SamplerHead:
     """Attach a fresh (identity) head to `model` in place and return it; the model is not touched."""
+    head = _fresh(model, config or SamplerHeadConfig())
+    SLOT.hang(model, head)
+    return head
+
+
+def _fresh(model, config: SamplerHeadConfig) -> SamplerHead:
+    """An identity head sized for `model` (on its device, in its dtype), not attached yet."""
     SLOT.check_free(model)
-    config = config or SamplerHeadConfig()
     emb = model.get_input_embeddings().weight
     config.hidden_size, config.vocab_size = int(emb.shape[1]), int(emb.shape[0])
     if model.get_output_embeddings() is None:
         raise SBDError(f"{type(model).__name__} has no output layer; a sampler head needs one")
-    head = SamplerHead(config, dtype=emb.dtype, device=emb.device)
-    SLOT.hang(model, head)
-    return head
+    return SamplerHead(config, dtype=emb.dtype, device=emb.device)
 
 
 def add_state(model) -> SamplerHead:
@@ -307,4 +311,8 @@ def load(model, folder) -> SamplerHead:
     if config.hidden_size != emb.shape[1] or config.vocab_size != emb.shape[0]:
         raise SBDError(f"the sampler head in {str(folder)!r} was made for hidden size {config.hidden_size} and "
                        f"{config.vocab_size} embeddings; this model has {emb.shape[1]} and {emb.shape[0]}")
-    return loaded(model, folder, lambda m: attach(m, config), load_weights, detach)
+    head = _fresh(model, config)
+    pairs = _fitting(head, folder)
+    files.copy_into(pairs)  # filled before it hangs: a refused head leaves nothing behind
+    SLOT.hang(model, head)
+    return head

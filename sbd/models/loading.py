@@ -119,14 +119,14 @@ def resolve_paths(path, adapter=None) -> tuple[Path, Path | None]:
 
     name = shipped_name(path)
     if name is None and adapter is None and adapters.is_adapter_folder(path):
-        adapter, path = path, adapters.read_config(path).base_model_name_or_path
+        adapter, path = path, adapters.base_model(path)
         if not path:
             raise SBDError(f"the adapter in {str(adapter)!r} does not name its base model; "
                            "load the base with sbd.load(BASE, adapter=FOLDER)")
         shipped = str(path) in DEMO_NAMES or str(path) in PACKAGED_MODELS
         name = str(path) if shipped and not Path(path).exists() else None  # a base recorded by its shipped name
     elif adapter is not None:
-        adapters.read_config(adapter)  # a bad adapter folder is refused before the model loads
+        adapters.base_model(adapter)  # a bad adapter folder is refused before the model loads
     if name in DEMO_NAMES:
         path = demo_path(name)
     elif name in PACKAGED_MODELS:
