@@ -88,6 +88,33 @@ def turn(checkout: Path, name: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def report(runs: dict, names: list[str]) -> str:
+    """The medians per checkout, new/old, and whether tokens and forwards are the same (forwards: old → new)."""
+    lines = ["| workload | decoding | old s (median) | new s (median) | new/old | same tokens | forwards old → new |",
+             "|---|---|---|---|---|---|---|"]
+    for n in names:
+        for key in [k for k, v in runs[n]["old"][0].items() if isinstance(v, dict)]:
+            old = [x[key] for x in runs[n]["old"]]
+            new = [x[key] for x in runs[n]["new"]]
+            o, w = statistics.median(x["seconds"] for x in old), statistics.median(x["seconds"] for x in new)
+            same = len({x["digest"] for x in old + new}) == 1
+            nfe = sorted({x["nfe"] for x in old}), sorted({x["nfe"] for x in new})
+            forwards = "same" if nfe[0] == nfe[1] and len(nfe[0]) == 1 else f"{nfe[0]} → {nfe[1]}"
+            lines.append(f"| {n} | {key} | {o:.2f} | {w:.2f} | {w / o:.3f} | {'yes' if same else 'NO'} | {forwards} |")
+    return "\n".join(lines)
+
+
+def header(args) -> str:
+    """What ran where: the command, the machine, the threads, and a forward-cost cache when one was set."""
+    from sbd.decoding.width_cost import _cpu_name
+
+    cache = os.environ.get("SBD_COSTS_CACHE")
+    return (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; {_cpu_name()}, {os.cpu_count()} cores, "
+            f"{os.environ.get('SBD_THREADS', '2')} threads; old {args.old.name}, new {args.new.name}, {args.rounds} "
+            f"rounds; model defaults{f'; SBD_COSTS_CACHE={Path(cache).name}' if cache else ''}.\n\n"
+            f"    python benchmarks/compare_checkouts.py --old OLD --rounds {args.rounds} --workloads {args.workloads}\n\n")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--old", type=Path, help="the checkout before the change")
@@ -110,23 +137,12 @@ def main() -> None:
                 runs[n][which].append(res)
                 print(f"round {r + 1} {n} {which}: " + ", ".join(f"{k} {v['seconds']:.2f} s" for k, v in res.items()
                                                                  if isinstance(v, dict)), flush=True)
-    lines = ["| workload | decoding | old s (median) | new s (median) | new/old | same tokens | same forwards |",
-             "|---|---|---|---|---|---|---|"]
-    for n in names:
-        for key in [k for k, v in runs[n]["old"][0].items() if isinstance(v, dict)]:
-            old = [x[key] for x in runs[n]["old"]]
-            new = [x[key] for x in runs[n]["new"]]
-            o, w = statistics.median(x["seconds"] for x in old), statistics.median(x["seconds"] for x in new)
-            same = len({x["digest"] for x in old + new}) == 1
-            forwards = len({x["nfe"] for x in old + new}) == 1
-            lines.append(f"| {n} | {key} | {o:.2f} | {w:.2f} | {w / o:.3f} | {'yes' if same else 'NO'} | "
-                         f"{'yes' if forwards else 'NO'} |")
-    table = "\n".join(lines)
+    table = report(runs, names)
     print(table)
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "results.json").write_text(json.dumps(runs, indent=1))
-        (args.out / "compare.md").write_text(table + "\n")
+        (args.out / "compare.md").write_text(header(args) + table + "\n")
 
 
 if __name__ == "__main__":

@@ -537,3 +537,21 @@ def test_head_only_over_a_fresh_adapter_is_refused(tmp_path, capsys):
     assert main(_argv(tmp_path, tmp_path / "model", tmp_path / "o", 2, ["--sampler-head-only"])) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "give the adapter's folder as --model" in err[0]
+
+
+def test_a_head_that_does_not_fit_leaves_the_model_as_it_was(tmp_path):
+    """The head is built and filled before it hangs: a refused one is not left on the model half-loaded."""
+    model, other = _model("llama", seed=6), _model("llama", seed=7)
+    try:
+        attach_random_head(model, seed=3, scale=1.0, width=12)
+        heads.save(model, tmp_path)
+        config = json.loads((tmp_path / heads.CONFIG_NAME).read_text())
+        (tmp_path / heads.CONFIG_NAME).write_text(json.dumps({**config, "width": 8}))  # the tensors are 12 wide
+        with pytest.raises(sbd.SBDError, match="does not fit"):
+            heads.load(other, tmp_path)
+        assert heads.head_of(other) is None
+        (tmp_path / heads.CONFIG_NAME).write_text(json.dumps(config))
+        assert heads.load(other, tmp_path).config.width == 12  # the slot is free: the right head goes on
+    finally:
+        heads.detach(model)
+        heads.detach(other)
