@@ -5,7 +5,12 @@ own forward (`sbd.decoding.forward`: its cache, attention plan and adapter gate)
 giving the time of a w-token forward relative to a 1-token forward (interpolated between the widths
 timed). On an H100 the paper's roofline puts a 16-token forward at 1.004x; on a CPU the step from 1 to
 2 tokens alone can cost half a forward (a matrix-vector product becomes a matrix product), and the
-cost then grows with the width. Measured once per model shape, batch size, device and machine, and
+cost then grows with the width. Each width's time is the median of three, widths interleaved. On this
+shared 2-core machine such a table moves from one timing to the next (SmolLM2, four in a row: 1.10–1.41x
+per width); the fastest of five is steadier (1.06–1.24x) but steeper, since the stalls it drops weigh
+most on the short 1-token forward, and decoding pays its stalls too: with it SmolLM2 drafted shorter and
+ran 1.075x slower (benchmarks/results/forward_cost_spread.md, checkouts_fastest_costs), so the median
+stays. Measured once per model shape, batch size, device and machine, and
 remembered: in the process, and on disk (`$SBD_CACHE/forward_costs/`, or `$SBD_COSTS_CACHE`, as autotuners keep their
 measurements), so a new process starts at once; a measurement that has to be taken says so on stderr.
 """
@@ -138,10 +143,11 @@ def relative_costs(model, batch: int = 1, context: int = 64, repeats: int = 3) -
     return costs
 
 
-def _measure(forward: ModelForward, batch: int, context: int, repeats: int) -> dict[int, float]:
+def _measure(forward: ModelForward, batch: int, context: int, repeats: int, pick=statistics.median) -> dict[int, float]:
     """Time verify-shaped forwards (w tokens, the first w/2 committed, the rest a block under the adapter's
     gate) of each width over `context` cached tokens per row, widths interleaved; the scratch they write
-    is overwritten by the next (the rows' lengths stay at `context`)."""
+    is overwritten by the next (the rows' lengths stay at `context`). pick: how a width's `repeats` times
+    become one (the median; benchmarks/forward_cost_spread.py compares the fastest)."""
     vocab = forward.model.get_input_embeddings().num_embeddings
     g = torch.Generator().manual_seed(0)
     cache = slot_cache(forward.model, batch, context, max(WIDTHS))
@@ -158,8 +164,8 @@ def _measure(forward: ModelForward, batch: int, context: int, repeats: int) -> d
         for _ in range(repeats):  # widths interleaved
             for w in WIDTHS:
                 times[w].append(_timed(forward, inputs[w], cache, context))
-    one = statistics.median(times[1])
-    costs = {w: max(1.0, statistics.median(t) / one) if w > 1 else 1.0 for w, t in times.items()}
+    one = pick(times[1])
+    costs = {w: max(1.0, pick(t) / one) if w > 1 else 1.0 for w, t in times.items()}
     wider = float("inf")
     for w in sorted(costs, reverse=True):  # a forward never costs more than a wider one: timing noise out
         costs[w] = wider = min(costs[w], wider) if w > 1 else 1.0
