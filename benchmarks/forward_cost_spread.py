@@ -14,6 +14,7 @@ import argparse
 import os
 import statistics
 import time
+from pathlib import Path
 
 RULES = {"median of 3": (statistics.median, 3), "fastest of 5": (min, 5)}
 SHOWN = (2, 4, 9, 16, 17, 33)
@@ -52,11 +53,9 @@ def main() -> None:
         for w in SHOWN:
             values = [t[w] for t in ts]
             lines.append(f"| {name} | {w} | {' '.join(f'{v:.2f}' for v in values)} | {max(values) / min(values):.2f}x |")
-    text = "\n".join(lines) + "\n"
-    print(text)
+    print("\n".join(lines))
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+        Path(args.out).write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
