@@ -319,8 +319,11 @@ def test_forward_costs_are_measured_once_per_model_and_batch(llama):
 def test_forward_costs_are_timed_through_the_engines_own_forward(llama, monkeypatch, tmp_path):
     """Verify-shaped steps (half committed, the block under the adapter's gate) laid out and called as the
     engine calls them; the model is left as it was (gate off, attention back to its own)."""
+    from conftest import attach_random_adapter
+
+    from sbd.drafters import adapter as adapters
     from sbd.decoding import width_cost
-    from sbd.decoding.forward import ModelForward
+    from sbd.decoding.forward import Feed, ModelForward
 
     monkeypatch.setenv("SBD_COSTS_CACHE", str(tmp_path))
     monkeypatch.setattr(width_cost, "_MEASURED", __import__("weakref").WeakKeyDictionary())
@@ -329,7 +332,14 @@ def test_forward_costs_are_timed_through_the_engines_own_forward(llama, monkeypa
     monkeypatch.setattr(ModelForward, "__call__", lambda self, step, *a, **k: seen.append(
         (step.tokens.shape, step.gate, step.plan)) or real(self, step, *a, **k))
     attn = llama.config._attn_implementation
-    width_cost.relative_costs(llama, batch=2, context=16, repeats=1)
+    adapter = attach_random_adapter(llama, seed=4)
+    try:
+        width_cost.relative_costs(llama, batch=2, context=16, repeats=1)
+        assert adapter.start is None
+    finally:
+        adapters.detach(llama)
+    bare = ModelForward(llama).inputs([Feed([5, 6, 7], 1, 3)] * 2, [4, 9], 3, 12)
+    assert bare.gate is None  # no adapter: no gate made on the hot path
     assert seen[0] == ((2, 16), 16, "split")  # the prompt: all committed, the gate past it
     timed = seen[1:]
     assert len(timed) == 2 * len(width_cost.WIDTHS)  # warm-up and one repeat

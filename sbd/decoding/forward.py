@@ -46,7 +46,6 @@ class Feed:
     parents: list[int] | None = None
 
 
-
 def columns(n_real: torch.Tensor, width: int) -> torch.Tensor:
     """(B, width): each column's index among its row's real tokens (rows right-aligned); < 0 for padding."""
     return torch.arange(width, device=n_real.device)[None] - (width - n_real)[:, None]
@@ -69,7 +68,6 @@ def step_mask(lengths: torch.Tensor, n_real: torch.Tensor, n_commit: torch.Tenso
     new = (rel >= 0) & (rel < n_real[:, None, None]) & (~causal | (rel <= j[..., None]))
     real = (j >= 0)[..., None]
     return ((real & ((rel < 0) | new)) | (~real & (rel == 0)))[:, None]
-
 
 
 def tree_layout(mask: torch.Tensor, pos: torch.Tensor, feeds: list[Feed], lengths: list[int]) -> None:
@@ -109,7 +107,7 @@ class StepInputs:
     slot (`write_at`), how many cache positions the forward sees (`visible`), the dense mask (None when
     the attention plan needs none and nobody observes the step), the attention plan (`layout`, when the
     model's attention is routed) and where each row's block starts (`gate`: the adapter acts from there;
-    one int when all rows agree)."""
+    one int when all rows agree; None for a model without an adapter)."""
 
     tokens: torch.Tensor
     pos: torch.Tensor
@@ -117,7 +115,7 @@ class StepInputs:
     write_at: torch.Tensor
     visible: int
     layout: StepLayout | None
-    gate: int | torch.Tensor
+    gate: int | torch.Tensor | None
 
     @property
     def plan(self) -> str:
@@ -182,9 +180,11 @@ class ModelForward:
             layout = (uniform_plan(lengths[0], feeds[0].n_commit, width, causal_blocks, self.flash, dev) if uniform
                       else rows_plan(mask, self.fold, self.dtype))
         write_at = L[:, None] + torch.where(j >= 0, j, j + width)  # padding writes after the row's real tokens
-        starts = [width - n_ + f.n_commit for n_, f in zip(real, feeds)]  # the block part of each row
-        one = len(set(starts)) == 1 and not static  # static: always per row, so the graph never changes
-        gate = starts[0] if one else torch.tensor(starts, device=dev)
+        gate = None
+        if self.adapter is not None:  # the block part of each row (after its committed tokens)
+            starts = [width - n_ + f.n_commit for n_, f in zip(real, feeds)]
+            one = len(set(starts)) == 1 and not static  # static: always per row, so the graph never changes
+            gate = starts[0] if one else torch.tensor(starts, device=dev)
         return StepInputs(tokens, pos, mask, write_at, visible, layout, gate)
 
     def __call__(self, step: StepInputs, cache, lo: int = 0, *, logits_to_keep: int, call=None, head=None):
