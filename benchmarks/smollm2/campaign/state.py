@@ -1,5 +1,5 @@
 """The campaign's training state, carried across sessions and machines in the repository: the newest
-adapter and its AdamW moments, small enough to commit (bfloat16, about 19 MB).
+adapter (small enough to commit) and its AdamW moments (bfloat16), which `save` writes but git ignores.
 
     python benchmarks/smollm2/campaign/state.py save runs/campaign/ab/cheap/checkpoint-187 \
         --record '{"sequences_seen": 3272, ...}'      (writes benchmarks/smollm2/data/campaign/state/)
@@ -16,7 +16,11 @@ of them: state.json then names the folder they live in ("weights_in"), and `rest
 
 The next session warm-starts from the restored folder: `sbd train --adapter lora --model runs/campaign/start ...`.
 The moments are kept so that a later optimizer-aware warm start can use them; `sbd train` does not read
-them yet (a warm start begins a fresh AdamW with its own warm-up).
+them yet (a warm start begins a fresh AdamW with its own warm-up). They are not committed: 11.6 MB would
+keep a checkout from travelling to a GPU machine (tests/test_checkout_size.py). The last ones committed
+are in git commit aa20b3e:
+    git show aa20b3e:benchmarks/smollm2/data/campaign/state/optimizer_moments.safetensors > \
+        benchmarks/smollm2/data/campaign/state/optimizer_moments.safetensors
 """
 
 from __future__ import annotations
