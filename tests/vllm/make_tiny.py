@@ -14,11 +14,12 @@ import torch
 
 
 def make(out, arch: str = "llama", block_size: int = 4, seed: int = 0, head: str | None = None,
-         shape: str | None = None) -> Path:
+         shape: str | None = None, context: int = 1024) -> Path:
     """Write the tiny model and its random adapter to `out` (the model only if it is not there yet); head
     "plain" or "state": a sampler head with random non-zero weights beside the adapter (with its state).
     shape: a real model's sizes instead (`sbd.benchmarking.presets.SHAPES`, e.g. smollm2-135m: the GPU
-    script times vLLM on it), vocabulary included, over the same small tokenizer."""
+    script times vLLM on it), vocabulary included, over the same small tokenizer. context: the longest
+    sequence the model takes (a stream that must outlast a signal needs room to run)."""
     from transformers import AutoModelForCausalLM
 
     from sbd.drafters import adapter
@@ -27,7 +28,7 @@ def make(out, arch: str = "llama", block_size: int = 4, seed: int = 0, head: str
     out = Path(out)
     if not (out / "config.json").is_file():
         if shape is None:  # the sizes of `sbd init`'s defaults
-            tiny.create(out, arch=arch, seed=seed, hidden=128, layers=4, heads=4, kv_heads=2, context=1024)
+            tiny.create(out, arch=arch, seed=seed, hidden=128, layers=4, heads=4, kv_heads=2, context=context)
         else:
             from sbd.benchmarking.presets import SHAPES
 
