@@ -92,7 +92,8 @@ def test_ship_then_demo(run, tmp_path, monkeypatch, capsys):
     model, _ = sbd.load("demo")
     assert model.config.sbd_mask_token_id is not None
     stats = demo_mod.run_demo(n=1, max_new_tokens=8, colour=False)
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "sbd: decoding the demo's problems: 12/12 (" in err  # progress off a terminal: a line at the end at least
     assert "SBD-trained, NTP" in out and "SBD-trained, SBD" in out and "⟨1⟩" in out
     assert "NTP-trained, NTP" in out and stats["baseline"]["nfe"] == stats["baseline"]["tokens"]
     assert stats["ntp"]["nfe"] == stats["ntp"]["tokens"] and stats["sbd"]["nfe"] <= stats["sbd"]["tokens"]

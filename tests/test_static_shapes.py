@@ -36,6 +36,21 @@ def test_static_forwards_have_few_shapes(llama):
     assert {w for w, _ in decode} == {4, 8} and len({kv for _, kv in decode}) == 1
 
 
+
+def test_a_static_verify_forward_runs_at_the_next_power_of_two_of_what_it_feeds(llama):
+    """Adaptive drafts vary in width: each static forward pads only to the next width of the ladder (powers of
+    two, then block and 2·block + 1's), not to the widest step, which made compiled steps slower than eager."""
+    from sbd.decoding.engine import bucket
+
+    seen = []
+    sbd.generate(llama, None, random_prompts(3, llama.config.vocab_size), method="sbd-verify", block_size=8,
+                 max_new_tokens=40, static_shapes=True, eos_token_ids=[], draft="adaptive",
+                 observer=lambda r: seen.append((r.input_ids.shape[1], max(r.reals))))
+    decode = seen[3:]  # after the three prefills
+    assert len({w for w, _ in decode}) > 2
+    for width, fed in decode:
+        assert width == (bucket(fed) if bucket(fed) < 16 else 16 if fed <= 16 else 17), (width, fed)
+
 def test_static_logits_equal_dynamic_logits(llama):
     """Dead padding tokens are invisible: the logits of every forward agree with the default path."""
     got = {True: [], False: []}

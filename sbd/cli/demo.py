@@ -29,12 +29,16 @@ def _decode_interleaved(configs: dict, prompts: list[str]) -> dict:
     configs: key -> (model, tokenizer, generate kwargs)."""
     from ..decoding import generate
 
+    from .show import Progress
+
     for model, tokenizer, kw in configs.values():
         generate(model, tokenizer, prompts[:1], **kw)
     runs = {key: [] for key in configs}
+    progress = Progress(len(prompts) * len(configs), "decoding the demo's problems")
     for prompt in prompts:
         for key, (model, tokenizer, kw) in configs.items():
             runs[key].append(generate(model, tokenizer, [prompt], **kw))
+            progress.update()
     return runs
 
 

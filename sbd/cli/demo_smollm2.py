@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from .show import print_table
+from .show import Progress, print_table
 
 
 def run_smollm2_demo(n: int = 2, gamma: float = 0.35, block_size: int | None = None, seed: int = 0,
@@ -56,12 +56,15 @@ def run_smollm2_demo(n: int = 2, gamma: float = 0.35, block_size: int | None = N
                "sbd-verify, the masks alone (block drafts, chain)": ours("sbd-verify", draft="block", lookup=False,
                                                                          tree="chain"),
                f"SBD anchored γ={gamma:g} (LOSSY: not checked)": ours("sbd", anchor=True)}
+    progress = Progress(len(ids) + 1, "SmolLM2 demo, warm-up then each question", every=0)
     for run in configs.values():  # warm-up
         run(ids[0][:8] if len(ids[0]) > 8 else ids[0])
+    progress.update()
     out = {name: [] for name in configs}
     for p in ids:
         for name, run in configs.items():
             out[name].append(run(p))
+        progress.update(": " + ", ".join(f"{name.split(' (')[0]} {runs[-1][2]:.1f} s" for name, runs in out.items()))
     ref = [t for t, _, _ in out["HF greedy (original)"]]
     rows = []
     results = {}

@@ -43,3 +43,34 @@ def by_forward(pieces: list[tuple[str, int]], colour: bool) -> str:
     with out.capture() as captured:
         out.print(text, end="")
     return captured.get()
+
+
+class Progress:
+    """Progress of a long command on stderr: a bar on a terminal; otherwise (a log, CI) a line at most every
+    `every` seconds and at the end, so that a slow machine shows it is working without flooding the log."""
+
+    def __init__(self, total: int, what: str, every: float = 5.0):
+        import sys
+        import time
+
+        self.total, self.what, self.every, self.done = total, what, every, 0
+        self._clock, self._stream = time.monotonic, sys.stderr
+        self._start = self._last = self._clock()
+        self._bar = None
+        if self._stream.isatty():
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=total, desc=what, unit="answer", leave=False, file=self._stream)
+
+    def update(self, note: str = "") -> None:
+        self.done += 1
+        if self._bar is not None:
+            self._bar.update(1)
+            if self.done == self.total:
+                self._bar.close()
+            return
+        now = self._clock()
+        if now - self._last >= self.every or self.done == self.total:
+            self._last = now
+            print(f"sbd: {self.what}: {self.done}/{self.total} ({now - self._start:.0f} s){note}",
+                  file=self._stream, flush=True)

@@ -248,11 +248,12 @@ def generate(model, tokenizer, prompts, spec: DecodeSpec | None = None, *, seed:
     from its own stream, so a row samples the same alone as in any batch.
     eos_token_ids: defaults to the tokenizer's and generation config's EOS; `[]` decodes to the budget.
     observer: called after every model forward with a `ForwardRecord` (tests use it to recompute).
-    static_shapes: pad every decoding forward to one of a few fixed widths (NTP 1; SBD k and 2k) over a
-    cache of fixed size, so that its shapes never change (same tokens, a little more work per forward).
+    static_shapes: pad every decoding forward to one of a few fixed widths (NTP 1; SBD k and 2k; sbd-verify
+    also the powers of two below its widest) over a cache of fixed size, so that its shapes never change
+    (same tokens, a little more work per forward).
     compile: run those forwards through `torch.compile` (CUDA: with CUDA graphs); implies static_shapes.
-    The first call per model and width compiles (seconds to minutes); later calls reuse it. A drafting
-    adapter runs inside the compiled forwards; a sampler head does not (it reads the hidden states
+    The first call per model and width compiles (seconds to minutes; a later call that meets a new width
+    compiles it); later calls reuse them. A drafting adapter runs inside the compiled forwards; a sampler head does not (it reads the hidden states
     through a hook): compiled sbd-verify drafts from the masks alone, and says so in a warning.
     reveal_per_forward (method "sbd" only): instead of the EB rule, reveal the first r still-masked
     positions of the block every forward — a fixed schedule for timing the loop (e.g. on a model with
@@ -312,7 +313,10 @@ def generate(model, tokenizer, prompts, spec: DecodeSpec | None = None, *, seed:
 
 def static_widths(spec: DecodeSpec) -> tuple[int, ...]:
     """The fixed forward widths of static shapes (none without): NTP 1; SBD k and 2k; with lookup also a
-    lookup forward (the head and a draft of at most the budget's, no masks)."""
+    lookup forward (the head and a draft of at most the budget's, no masks); sbd-verify also every power of
+    two below its widest forward. A forward is padded to the next of these widths, so an adaptive draft of 3
+    tokens runs 4 wide, not 2k + 1: padding every step to the widest made compiled SmolLM2 0.7x eager on a
+    CPU, and the ladder 1.07x (docs/performance.md). A width compiles on its first use only."""
     if not spec.fixed_shapes:
         return ()
     if spec.method == "ntp":
@@ -321,6 +325,8 @@ def static_widths(spec: DecodeSpec) -> tuple[int, ...]:
     widths = {k, 2 * k}
     if spec.lookup:
         widths.add(1 + min(spec.lookup_max, spec.max_new_tokens - 1))
+    if spec.method == "sbd-verify":
+        widths |= {1 << i for i in range(max(widths).bit_length()) if 1 << i < max(widths)}
     return tuple(sorted(widths))
 
 
