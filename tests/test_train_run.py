@@ -183,7 +183,10 @@ def test_bad_inputs_give_one_clear_error(workdir, tmp_path, capsys):
     assert "does not exist" in run(data=str(tmp_path / "missing.jsonl"))
     assert "no training records" in run(data=_write(tmp_path / "empty.jsonl", []))
     assert "neither 'text' nor 'prompt'" in run(data=_write(tmp_path / "f.jsonl", ['{"question": "q"}']))
-    assert "must be strings" in run(data=_write(tmp_path / "g.jsonl", ['{"prompt": "q"}']))
+    err = run(data=_write(tmp_path / "g.jsonl", ['{"text": "1 2"}', "", '{"prompt": "q"}']))
+    assert "g.jsonl:3" in err and "no 'completion'" in err and "'prompt' and 'completion'" in err, err
+    err = run(data=_write(tmp_path / "g2.jsonl", ['{"prompt": "q", "completion": 3}']))
+    assert "g2.jsonl:1" in err and "'completion' must be a string" in err, err
     assert "not valid JSON" in run(data=_write(tmp_path / "h.jsonl", ['{"text": ']))
     (tmp_path / "latin1.jsonl").write_bytes('{"text": "ok"}\n{"text": "caf\u00e9"}\n'.encode("latin-1"))
     assert "latin1.jsonl:2: not UTF-8" in run(data=str(tmp_path / "latin1.jsonl"))
