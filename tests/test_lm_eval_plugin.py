@@ -236,3 +236,39 @@ def test_the_default_method_is_sbd_generates(tokenizer):
 def test_an_adapter_argument_goes_with_a_folder_only(tokenizer):
     with pytest.raises(SBDError, match="adapter"):
         SBDLM(pretrained=_model("llama"), tokenizer=tokenizer, adapter="x", device=str(DEVICE))
+
+
+def test_a_misspelt_model_argument_is_refused_by_name_and_the_harness_own_arguments_are_not(capsys):
+    harness = {"batch_size": 2, "max_batch_size": None, "device": "cpu"}  # what lm-eval's evaluator adds itself
+    with pytest.raises(SBDError) as e:
+        SBDLM.create_from_arg_string("pretrained=demo,metod=ntp", harness)
+    message = str(e.value)
+    assert "metod" in message and "method" in message and "pretrained" in message and "\n" not in message
+    lm = SBDLM.create_from_arg_string("pretrained=demo,method=ntp,trust_remote_code=false", harness)
+    assert lm.batch_size_per_gpu == 2 and lm.method == "ntp"
+    code = main(["lm-eval", "--model", "sbd", "--model_args", "pretrained=demo,metod=ntp", "--tasks",
+                 "sbd_chain_sum", "--limit", "1", "--device", "cpu"])
+    assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("sbd: error:") and "metod" in err[-1], err
+
+
+def test_the_summary_names_only_the_settings_the_decoding_reads(tokenizer, capsys):
+    from sbd.cli.lm_eval import print_stats
+
+    def summary(**given):
+        lm = SBDLM(pretrained=_model("llama"), tokenizer=tokenizer, device=str(DEVICE), max_gen_toks=4, **given)
+        lm.generate_until([_request("generate_until", ("the cat", {"until": [], "max_gen_toks": 4}))],
+                          disable_tqdm=True)
+        capsys.readouterr()
+        print_stats(lm.stats())
+        return capsys.readouterr().out.strip().splitlines()[0], lm.stats()
+
+    line, stats = summary(method="sbd-verify", block_size=4)
+    assert "gamma" not in line and stats["gamma"] is None and "block 4" in line, line
+    line, stats = summary(method="sbd-verify", block_size=4, draft="eb", gamma=0.5)
+    assert "gamma=0.5" in line and stats["gamma"] == 0.5, line
+    line, stats = summary(method="sbd", block_size=4, gamma=0.35)
+    assert "gamma=0.35" in line and "block 4" in line, line
+    line, stats = summary(method="ntp")
+    assert "gamma" not in line and "block" not in line and stats["block_size"] is None, line

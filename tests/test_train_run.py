@@ -120,6 +120,44 @@ def test_a_second_run_on_the_same_folder_is_refused_and_a_dead_run_leaves_no_loc
     assert main(argv) == 0 and (out / "model.safetensors").exists()
 
 
+def test_a_finished_run_is_refused_unless_resume_or_overwrite_says_otherwise(workdir, tmp_path, capsys):
+    import shutil
+
+    from sbd.training.run import METRICS_FILE, RUN_FILE
+
+    out = tmp_path / "x"
+    argv = ["train", "--model", str(workdir / "model"), "--data", str(workdir / "toy.jsonl"), "--out", str(out),
+            "--batch-size", "2", "--block-size-max", "8", "--no-progress"]
+    assert main(argv + ["--steps", "2"]) == 0
+    shutil.rmtree(out / "checkpoint-2")  # only the final model, its settings and its metrics are left
+    before = {name: (out / name).read_bytes() for name in ("model.safetensors", RUN_FILE, METRICS_FILE)}
+    again = argv + ["--steps", "3", "--lr", "1e-3"]
+    err = _error(capsys, again)
+    assert repr(str(out)) in err and "finished run" in err and "--resume" in err and "--overwrite" in err, err
+    err = _error(capsys, again + ["--resume"])  # a finished run has nothing to continue from
+    assert "finished run" in err and "no checkpoint" in err and f"--model {out}" in err, err
+    assert "cannot be combined" in _error(capsys, again + ["--resume", "--overwrite"])
+    assert {name: (out / name).read_bytes() for name in before} == before  # nothing was touched
+    (out / "notes.txt").write_text("mine")
+
+    assert main(again + ["--overwrite"]) == 0  # replaced: new settings, only the new run's metrics
+    assert json.loads((out / RUN_FILE).read_text())["steps"] == 3
+    assert (out / "model.safetensors").read_bytes() != before["model.safetensors"]
+    assert max(json.loads(line)["step"] for line in (out / METRICS_FILE).read_text().splitlines()) == 3
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-3"]
+    assert (out / "notes.txt").read_text() == "mine"  # what sbd did not write stays
+
+    # a run stopped before its first checkpoint left its settings only: refused; --resume names --overwrite
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    (stopped / RUN_FILE).write_text((out / RUN_FILE).read_text())
+    stopped_argv = [a if a != str(out) else str(stopped) for a in again]
+    err = _error(capsys, stopped_argv)
+    assert "--resume" in err and "--overwrite" in err, err
+    err = _error(capsys, stopped_argv + ["--resume"])
+    assert "no checkpoint" in err and "--overwrite" in err, err
+
+
 def _error(capsys, argv):
     code = main(argv)
     err = capsys.readouterr().err.strip().splitlines()
@@ -145,7 +183,10 @@ def test_bad_inputs_give_one_clear_error(workdir, tmp_path, capsys):
     assert "does not exist" in run(data=str(tmp_path / "missing.jsonl"))
     assert "no training records" in run(data=_write(tmp_path / "empty.jsonl", []))
     assert "neither 'text' nor 'prompt'" in run(data=_write(tmp_path / "f.jsonl", ['{"question": "q"}']))
-    assert "must be strings" in run(data=_write(tmp_path / "g.jsonl", ['{"prompt": "q"}']))
+    err = run(data=_write(tmp_path / "g.jsonl", ['{"text": "1 2"}', "", '{"prompt": "q"}']))
+    assert "g.jsonl:3" in err and "no 'completion'" in err and "'prompt' and 'completion'" in err, err
+    err = run(data=_write(tmp_path / "g2.jsonl", ['{"prompt": "q", "completion": 3}']))
+    assert "g2.jsonl:1" in err and "'completion' must be a string" in err, err
     assert "not valid JSON" in run(data=_write(tmp_path / "h.jsonl", ['{"text": ']))
     (tmp_path / "latin1.jsonl").write_bytes('{"text": "ok"}\n{"text": "caf\u00e9"}\n'.encode("latin-1"))
     assert "latin1.jsonl:2: not UTF-8" in run(data=str(tmp_path / "latin1.jsonl"))
@@ -165,4 +206,5 @@ def test_bad_inputs_give_one_clear_error(workdir, tmp_path, capsys):
     assert "does not exist" in _error(capsys, ["train", "--model", str(tmp_path / "nope"), "--data", good,
                                                "--out", out, "--no-progress"])
     (tmp_path / "used" / "checkpoint-3").mkdir(parents=True)
-    assert "already holds checkpoints" in run(out=str(tmp_path / "used"))
+    err = run(out=str(tmp_path / "used"))
+    assert "already holds an sbd train run" in err and "--resume" in err and "--overwrite" in err, err

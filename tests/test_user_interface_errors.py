@@ -221,6 +221,31 @@ def test_distill_adopt_refuses_answers_made_with_another_temperature_or_seed(tmp
     assert main(_distill(model_dir, greedy, prompts, "--adopt")) == 0
 
 
+def test_the_library_refuses_an_adoption_with_another_temperature_in_the_clis_words(tmp_path, capsys):
+    from sbd.training import distill_file
+    from sbd.training.distill import distill
+
+    model_dir = tmp_path / "model"
+    tiny.create(model_dir, hidden=32, layers=2, heads=4, kv_heads=2, context=256, vocab_size=300)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("count 1:\nthe quick brown fox\n")
+    out = tmp_path / "greedy.jsonl"
+    assert main(_distill(model_dir, out, prompts)) == 0
+    capsys.readouterr()
+    text = _make_legacy(out)
+    model, tokenizer = sbd.load(model_dir)
+    from sbd.tasks.prompts import load_prompts
+
+    sources = [(str(prompts), load_prompts(str(prompts)))]
+    with pytest.raises(SBDError, match="not adopted") as e:
+        distill(model, tokenizer, sources, str(out), model_name=str(model_dir), chat=False, max_new_tokens=8,
+                temperature=1.5, seed=3, adopt=True, progress=False)
+    assert "--temperature" in str(e.value)
+    assert out.read_text() == text and not distill_file.meta_path(out).exists()  # nothing recorded
+    assert main(_distill(model_dir, out, prompts, "--adopt", "--temperature", "1.5", "--seed", "3")) == 2
+    assert _one_line_error(capsys) == f"sbd: error: {e.value}"  # the same refusal, in the same words
+
+
 # -- item 12: unclear errors -------------------------------------------------------------------------------
 def test_the_demo_servers_default_max_tokens_fits_its_context(demo):
     model, tokenizer = demo

@@ -41,50 +41,6 @@ def add_distill_parser(sub) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-ADOPT_CHECKED = 4  # records of an adopted file decoded again, to check the temperature and seed it was made with
-
-
-def check_adopted_settings(model, tokenizer, sources, out, *, chat: bool, max_new_tokens: int, temperature: float,
-                           seed: int) -> None:
-    """--adopt writes a sidecar recording this run's --temperature and --seed as the ones the old answers were
-    made with, so they must be: the first records are decoded again with them (each answer is exactly what
-    the model gives that prompt alone, `sbd.training.distill.decode`) and must come out the same; SBDError
-    in one line otherwise. The prompts and the budget are checked first (`distill_file.check_adopted`)."""
-    import json
-    from pathlib import Path
-
-    from ..decoding.generate import encode_prompts
-    from ..models.facts import default_eos_ids
-    from ..errors import SBDError
-    from ..training import distill_file
-    from ..training.distill import decode
-
-    everything = [p for _, ps in sources for p in ps]
-    distill_file.check_adopted(Path(out), encode_prompts(tokenizer, everything, chat), max_new_tokens,
-                               default_eos_ids(model, tokenizer))
-    records = []
-    with Path(out).open("rb") as f:
-        for n, raw in enumerate(f, 1):
-            try:
-                records.append((n, json.loads(raw.decode("utf-8"))))
-            except (ValueError, UnicodeDecodeError):
-                continue  # the torn last line (`distill_file.inspect` allows no other)
-            if len(records) == ADOPT_CHECKED:
-                break
-    if not records:
-        return
-    ids = {rec["index"]: rec["prompt_ids"] for _, rec in records}
-    again = dict(decode(model, tokenizer, list(ids), ids, batch_size=len(ids), max_new_tokens=max_new_tokens,
-                        temperature=temperature, seed=seed))
-    for n, rec in records:
-        if again[rec["index"]] != rec["completion_ids"]:
-            made = ("greedy (--temperature 0)" if temperature == 0 else
-                    f"with --temperature {temperature:g} --seed {seed}")
-            raise SBDError(f"--adopt: line {n} of {out} is not the model's answer to prompt {rec['index']} {made}: "
-                           "it was made with another --temperature or --seed (or another model); give the ones it "
-                           "was made with; not adopted")
-
-
 def cmd_distill(args) -> None:
     import torch
 
@@ -97,11 +53,8 @@ def cmd_distill(args) -> None:
     sources = [(source, load_prompts(source)) for source in args.prompts]
     settings = dict(model_name=args.model, chat=not args.no_chat, max_new_tokens=args.max_new_tokens,
                     temperature=args.temperature, seed=args.seed, adopt=args.adopt)
-    found = check(sources, args.out, **settings)  # refuse a wrong --out before the model loads
+    check(sources, args.out, **settings)  # refuse a wrong --out before the model loads
     model, tokenizer = load(args.model, device=args.device)
-    if found.adopt:
-        check_adopted_settings(model, tokenizer, sources, args.out, chat=not args.no_chat,
-                               max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
     n = distill(model, tokenizer, sources, args.out, batch_size=args.batch_size, progress=not args.no_progress,
                 **settings)
     total = sum(len(ps) for _, ps in sources)

@@ -46,8 +46,21 @@ def _results_file(output_path: str | None, since: float) -> Path | None:
 
 
 def print_stats(stats: dict) -> None:
-    print(f"\nsbd decoding ({stats['method']}, gamma={stats['gamma']}, block {stats['block_size']}, "
-          f"batch {stats['batch_size']}, {stats['device']} {stats['dtype']}):")
+    """The decoding counts as a table, under one line of the settings the decoding read (a setting the
+    method does not read is None in `stats` and left out)."""
+    from ..decoding.defaults import VerifySettings
+
+    read = [stats["method"]]
+    if stats.get("anchor"):
+        read.append("anchored")
+    if stats.get("gamma") is not None:
+        read.append(f"gamma={stats['gamma']}, proxy {stats['proxy']}")
+    if stats.get("block_size") is not None:
+        read.append(f"block {stats['block_size']}")
+    if stats.get("drafting"):
+        d = stats["drafting"]
+        read.append(VerifySettings(d["draft"], d["lookup"], d["lookup_max"], tuple(d["tree"] or ()) or None).describe())
+    print(f"\nsbd decoding ({', '.join(read)}, batch {stats['batch_size']}, {stats['device']} {stats['dtype']}):")
     print("| task | requests | tokens | NFE | tokens/forward | NFE/request | seconds | tokens/s |")
     print("|---|---|---|---|---|---|---|---|")
     for name, c in stats["tasks"].items():

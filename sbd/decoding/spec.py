@@ -128,6 +128,21 @@ class DecodeSpec:
         """sbd-verify: the EB rule's bound its drafts are revealed by (draft "eb"), else None."""
         return float(self.gamma) if self.draft == "eb" else None
 
+    def reads(self) -> dict:
+        """The settings this spec's decoding reads, for summaries: the method, and of block_size, gamma,
+        proxy and anchor only those its method reads (the EB rule's gamma and proxy: method sbd unless a
+        fixed reveal schedule replaces it, sbd-verify with draft "eb"); sbd-verify's drafting is `settings`."""
+        eb = ((self.method == "sbd" and self.reveal_per_forward is None)
+              or (self.method == "sbd-verify" and self.draft == "eb"))
+        read = {"method": self.method}
+        if self.method != "ntp":
+            read["block_size"] = self.block_size
+        if eb:
+            read.update(gamma=self.gamma, proxy=self.proxy)
+        if self.method == "sbd":
+            read["anchor"] = self.anchor
+        return read
+
     @classmethod
     def resolve(cls, model, *, defaults: VerifySettings | None = None, interface: str = "python",
                 **given) -> "DecodeSpec":

@@ -12,14 +12,17 @@ of the model's own), method
 (ntp | sbd | sbd-verify; default sbd-verify, as `sbd.generate`), gamma, anchor (true: plain SBD anchored on the next-token head), block_size, proxy,
 draft, lookup (true/false), lookup_max, tree (widths
 joined by ":" as the harness splits on commas, e.g. tree=3:2, or chain), max_gen_toks, dtype, threads,
-stats_path. block_size and sbd-verify's drafting settings left out are the model's defaults (an adapter's
+stats_path, trust_remote_code (what lm-eval's --trust_remote_code passes). Any other argument is refused
+in one line (a misspelt one would decode with the default). block_size and sbd-verify's drafting settings left out are the model's defaults (an adapter's
 trained block size; its measured fastest exact configuration, `sbd.decoding.defaults`), as in
 `sbd.generate`.
-`--batch_size` and `--device` are the harness's own options.
+`--batch_size` and `--device` are the harness's own options (it passes them as the arguments batch_size
+and device; `--max_batch_size` goes with `--batch_size auto`, which is refused).
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import time
@@ -67,16 +70,20 @@ class SBDLM(TemplateLM):
                  proxy: str | None = None, draft: str | None = None, lookup=None, lookup_max=None, tree=None,
                  max_gen_toks=256, batch_size=1,
                  max_batch_size=None, device: str | None = None, dtype: str | None = None, threads=None,
-                 stats_path: str | None = None, tokenizer=None, **unused):
+                 stats_path: str | None = None, trust_remote_code=None, tokenizer=None, **unknown):
         super().__init__()
         global _last
         from ..decoding.spec import METHODS, DecodeSpec
         from ..models.loading import load
 
-        if unused:
-            log.warning("sbd: ignoring model arguments %s", ", ".join(sorted(unused)))
+        if unknown:  # a misspelt argument would otherwise decode with its default, silently
+            raise SBDError(f"unknown model argument{'s' if len(unknown) > 1 else ''} {', '.join(sorted(unknown))} "
+                           f"of the sbd model; it takes {', '.join(MODEL_ARGS)}")
         if str(batch_size).startswith("auto"):
             raise SBDError("--batch_size auto is not supported by the sbd model; give a number, e.g. 8")
+        if max_batch_size is not None:
+            raise SBDError("--max_batch_size goes with --batch_size auto, which the sbd model does not support; "
+                           "give --batch_size N instead")
         self.batch_size_per_gpu = _number("batch_size", batch_size, int)
         if self.batch_size_per_gpu < 1:
             raise SBDError(f"batch_size must be >= 1, got {batch_size}")
@@ -102,7 +109,8 @@ class SBDLM(TemplateLM):
             self.pretrained = getattr(pretrained.config, "_name_or_path", "") or type(pretrained).__name__
         else:
             self.model, self.tokenizer = load(str(pretrained), adapter=adapter, device=device, dtype=torch_dtype,
-                                              probe=method != "ntp")
+                                              probe=method != "ntp",
+                                              trust_remote_code=bool(_flag("trust_remote_code", trust_remote_code)))
             self.pretrained = str(pretrained)
         # the settings given (None: left out, the model's default); checked here, once, as one spec
         self.given = {"method": method, "anchor": _flag("anchor", anchor),
@@ -116,6 +124,7 @@ class SBDLM(TemplateLM):
         greedy = DecodeSpec.resolve(self.model, **self.given, max_new_tokens=self.max_gen_toks_default)
         self.method, self.anchor, self.block_size = greedy.method, greedy.anchor, greedy.block_size
         self.gamma, self.proxy = greedy.gamma, greedy.proxy
+        self.reads = greedy.reads()  # what the stats name: only the settings this decoding reads
         self.settings = greedy.settings  # the last generation's (stats)
         self._device = torch.device(device)
         self.stats_path = stats_path
@@ -267,7 +276,9 @@ class SBDLM(TemplateLM):
     # -- decoding cost --------------------------------------------------------------------------
     def stats(self) -> dict:
         """Decoding settings and, per task and in total: requests, generated tokens, forwards (NFE, per
-        row, prefill excluded), tokens per forward, mean NFE per request, wall seconds and tokens/s."""
+        row, prefill excluded), tokens per forward, mean NFE per request, wall seconds and tokens/s.
+        gamma, proxy, anchor and block_size are None where the method does not read them
+        (`DecodeSpec.reads`); drafting is sbd-verify's."""
         tasks = {name: dict(c) for name, c in sorted(self.counts.items())}
         if tasks:
             tasks["all"] = {k: sum(c[k] for c in self.counts.values()) for k in ("requests", "tokens", "nfe", "seconds")}
@@ -275,8 +286,9 @@ class SBDLM(TemplateLM):
             c["tokens_per_forward"] = c["tokens"] / c["nfe"] if c["nfe"] else None
             c["nfe_per_request"] = c["nfe"] / c["requests"] if c["requests"] else None
             c["tokens_per_second"] = c["tokens"] / c["seconds"] if c["seconds"] else None
-        return {"pretrained": self.pretrained, "method": self.method, "gamma": self.gamma,
-                "anchor": self.anchor, "block_size": self.block_size, "proxy": self.proxy,
+        return {"pretrained": self.pretrained, "method": self.method, "gamma": self.reads.get("gamma"),
+                "anchor": self.reads.get("anchor"), "block_size": self.reads.get("block_size"),
+                "proxy": self.reads.get("proxy"),
                 "drafting": self.settings.as_dict() if self.settings is not None else None,
                 "batch_size": self.batch_size_per_gpu, "device": str(self.device),
                 "dtype": str(self.model.dtype).replace("torch.", ""), "torch_threads": torch.get_num_threads(),
@@ -287,6 +299,12 @@ class SBDLM(TemplateLM):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(self.stats(), indent=2) + "\n")
         return path
+
+
+# the model arguments SBDLM takes (tokenizer= goes with a loaded model, from Python only); lm-eval itself adds
+# batch_size, max_batch_size and device from its own options, and trust_remote_code from --trust_remote_code
+MODEL_ARGS = tuple(name for name in inspect.signature(SBDLM.__init__).parameters
+                   if name not in ("self", "tokenizer", "unknown"))
 
 
 def last_model() -> SBDLM | None:

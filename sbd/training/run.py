@@ -126,6 +126,10 @@ class TrainConfig:
     eval_steps: Optional[int] = field(default=None, metadata=_opt("steps between checks (default: --save-steps)"))
     eval_block_size: int = field(default=16, metadata=_opt("block size of the check"))
     resume: bool = field(default=False, metadata=_opt("continue from the latest checkpoint in --out"))
+    overwrite: bool = field(default=False, metadata=_opt(
+        "replace the sbd train run already in --out: its checkpoints, metrics.jsonl, sbd_train.json and final "
+        "model are deleted before training starts (other files stay). Without it (or --resume) such a --out is "
+        "refused"))
     progress: bool = field(default=True, metadata=_opt("show a progress bar"))
 
     resume_keys = ("data", "mode", "adapter", "rank", "alpha", "kl_weight", "latent_weight", "schedule", "steps", "batch_size", "grad_accum", "lr", "warmup_steps", "max_len",
@@ -189,6 +193,9 @@ class TrainConfig:
                 isinstance(self.position_decay, (int, float)) and 0 < self.position_decay <= 1):
             raise SBDError(f"--position-decay must lie in (0, 1], got {self.position_decay}")
         self._validate_head()
+        if self.resume and self.overwrite:
+            raise SBDError("--resume (continue the run in --out) and --overwrite (replace it) cannot be combined; "
+                           "give one of them")
         if self.noisy_blocks is not None and self.attention == "flex":
             raise SBDError("--noisy-blocks needs the dense SDPA mask; it cannot be combined with --attention flex")
         if self.save_total_limit < 0:
@@ -288,20 +295,73 @@ def _check_lengths(config: TrainConfig) -> None:
                        "GiB attention mask per micro-batch; lower --max-len or --batch-size")
 
 
+# what a run writes into --out besides its checkpoints: its settings, its log, and the final model (weights,
+# config, tokenizer; a drafting adapter's files instead of the weights and config for --adapter runs)
+MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
+               "training_args.bin", "adapter_config.json", "adapter_model.safetensors", "sampler_head_config.json",
+               "sampler_head.safetensors", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+               "added_tokens.json", "chat_template.jinja", "tokenizer.model", "vocab.json", "merges.txt")
+
+
+def _finished(out: Path) -> bool:
+    """--out holds the final model of an sbd train run (its settings beside it)."""
+    return (out / RUN_FILE).is_file() and any((out / name).is_file() for name in ("config.json", "adapter_config.json"))
+
+
+def _previous_run(out: Path) -> str | None:
+    """What an earlier sbd train run left in `out`, in a few words; None when it left nothing."""
+    from .checkpoints import latest_checkpoint
+
+    latest = latest_checkpoint(out)
+    if _finished(out):
+        return "a finished run: its final model" + (f" and checkpoints up to {latest.name}" if latest else "")
+    if latest is not None:
+        return f"checkpoints up to {latest.name}"
+    left = [name for name in (RUN_FILE, METRICS_FILE) if (out / name).is_file()]
+    if left:
+        return f"stopped before its first checkpoint: {', '.join(left)}"
+    return None
+
+
+def _clear_previous_run(out: Path) -> None:
+    """--overwrite: delete what an earlier run wrote into `out` (checkpoints, settings, log, final model)."""
+    import shutil
+
+    from .checkpoints import PATTERN, STAGING
+
+    for path in sorted(out.iterdir()) if out.is_dir() else ():
+        if path.is_dir() and (PATTERN.match(path.name) or path.name == STAGING):
+            shutil.rmtree(path)
+        elif path.is_file() and (path.name in (RUN_FILE, METRICS_FILE, *MODEL_FILES)
+                                 or (path.name.startswith("model-") and path.name.endswith(".safetensors"))):
+            path.unlink()
+
+
 def _resume_point(config: TrainConfig) -> str | None:
-    """Checks --out against --resume; returns the checkpoint to resume from: the newest intact one
-    (a damaged newer one is named on stderr in one line and passed over)."""
+    """Checks --out against --resume and --overwrite; returns the checkpoint to resume from: the newest
+    intact one (a damaged newer one is named on stderr in one line and passed over)."""
     import sys
 
     from .checkpoints import latest_checkpoint, latest_intact
 
     out = Path(config.out)
+    if config.overwrite:
+        return None
     latest = latest_checkpoint(out)
     if not config.resume:
-        if latest is not None:
-            raise SBDError(f"{config.out!r} already holds checkpoints; pass --resume to continue or choose another --out")
+        found = _previous_run(out)
+        if found is not None:
+            raise SBDError(f"--out {config.out!r} already holds an sbd train run ({found}); pass --resume to "
+                           "continue it, --overwrite to replace it, or choose another --out")
         return None
     if latest is None:
+        if _finished(out):
+            raise SBDError(f"--resume: {config.out!r} holds a finished run and no checkpoint to continue from; "
+                           f"train its model further with --model {config.out} and another --out, or replace the "
+                           "run with --overwrite instead of --resume")
+        if _previous_run(out) is not None:
+            raise SBDError(f"--resume: no checkpoint in {config.out!r} (its run stopped before the first one); "
+                           "start it again with --overwrite instead of --resume")
         raise SBDError(f"--resume: no checkpoint in {config.out!r}")
     intact, damaged = latest_intact(out)
     if intact is None:
@@ -465,6 +525,9 @@ def _run(config: TrainConfig) -> Path:
                          convergence_steps=config.eval_steps, convergence_block_size=config.eval_block_size)
     main = trainer.is_world_process_zero()
     if main:
+        if config.overwrite and _previous_run(out) is not None:
+            _clear_previous_run(out)
+            print(f"replacing the earlier run in {out} (--overwrite)")
         out.mkdir(parents=True, exist_ok=True)
         (out / RUN_FILE).write_text(json.dumps(config.settings(), indent=1))
     record_decodings(model, config)  # before training: every checkpoint says what it is being trained for
