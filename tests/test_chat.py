@@ -6,6 +6,7 @@ import copy
 import pytest
 
 import sbd
+from conftest import blocks
 from sbd import SBDError
 from sbd.cli.main import main
 from sbd.decoding.generate import encode_prompts
@@ -33,8 +34,9 @@ def test_a_string_becomes_a_user_turn_with_the_assistant_turn_opened(chat_tokeni
 def test_generate_with_chat_decodes_the_templated_prompt(llama, chat_tokenizer):
     templated = chat_tokenizer("<user>12 + 34\n<assistant>", add_special_tokens=False).input_ids
     for method in ("ntp", "sbd", "sbd-verify"):
-        a = sbd.generate(llama, chat_tokenizer, ["12 + 34"], method=method, block_size=4, max_new_tokens=10, chat=True)
-        b = sbd.generate(llama, chat_tokenizer, [templated], method=method, block_size=4, max_new_tokens=10)
+        a = sbd.generate(llama, chat_tokenizer, ["12 + 34"], method=method, **blocks(method, 4), max_new_tokens=10,
+                         chat=True)
+        b = sbd.generate(llama, chat_tokenizer, [templated], method=method, **blocks(method, 4), max_new_tokens=10)
         assert a.token_ids == b.token_ids and a.prompt_lengths == [len(templated)]
 
 
