@@ -246,7 +246,8 @@ def generate(model, tokenizer, prompts, spec: DecodeSpec | None = None, *, seed:
 
     seed (temperature > 0): an int (row i samples with seed + i) or one int per prompt; each row draws
     from its own stream, so a row samples the same alone as in any batch.
-    eos_token_ids: defaults to the tokenizer's and generation config's EOS; `[]` decodes to the budget.
+    eos_token_ids: defaults to the tokenizer's and generation config's EOS; `[]` decodes to the budget; an id
+    outside the model's vocabulary is refused (it could never end a row).
     observer: called after every model forward with a `ForwardRecord` (tests use it to recompute).
     static_shapes: pad every decoding forward to one of a few fixed widths (NTP 1; SBD k and 2k) over a
     cache of fixed size, so that its shapes never change (same tokens, a little more work per forward).
@@ -284,7 +285,7 @@ def generate(model, tokenizer, prompts, spec: DecodeSpec | None = None, *, seed:
     check_context(model, prompt_ids, spec.max_new_tokens)
     check_prompt_ids(model, tokenizer, prompt_ids, prompts, chat)
     seeds = row_seeds(seed, len(prompt_ids), spec.temperature)
-    eos = list(facts.eos_ids if eos_token_ids is None else eos_token_ids)
+    eos = list(facts.end_ids(eos_token_ids))
     adaptive = spec.method == "sbd-verify" and spec.draft == "adaptive"
     cost = forward_costs(model, batch=len(prompt_ids)) if adaptive else None
 
