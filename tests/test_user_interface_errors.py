@@ -92,6 +92,26 @@ def test_chat_without_a_template_over_http_names_the_completions_endpoint(demo):
     assert not PY_KEYWORDS.search(err["message"]), err
 
 
+def test_a_request_without_model_is_for_the_served_one_and_any_other_name_is_404(demo_chat):
+    """As vLLM's OpenAI server: `model` left out (or null) means the served model; any other name is a 404,
+    on both endpoints; docs/serving.md says exactly that."""
+    model, tokenizer = demo_chat
+    bodies = {"/v1/completions": {"prompt": "hi", "max_tokens": 2},
+              "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}}
+    with _client(model, tokenizer) as c:  # served as "m"
+        for path, body in bodies.items():
+            for name in (None, "m"):
+                r = c.post(path, json={**body, "model": name})
+                assert r.status_code == 200 and r.json()["model"] == "m", (path, name, r.text)
+                assert c.post(path, json=body).status_code == 200
+            for name in ("gpt-9", "", "M"):
+                err = _error(c.post(path, json={**body, "model": name}), 404)
+                assert err["code"] == "model_not_found" and err["param"] == "model", err
+    row = next(line for line in (Path(__file__).parent.parent / "docs" / "serving.md").read_text().splitlines()
+               if line.startswith("| `model` |"))
+    assert "left out" in row and "served" in row and "404" in row, row
+
+
 def test_plain_sbd_refused_over_http_names_the_request_fields(verify_only):
     model, tokenizer = sbd.load(verify_only)
     with _client(model, tokenizer) as c:
