@@ -22,7 +22,7 @@ from ..modes import eval_mode
 from .defaults import VerifySettings
 from .engine import Engine, ForwardRecord
 from .rows import make_row
-from .spec import DecodeSpec
+from .spec import DecodeSpec, SpecError
 from .trained_for import check_decoding
 from .width_cost import forward_costs
 
@@ -90,9 +90,9 @@ def apply_chat(tokenizer, prompt) -> list[int]:
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
     if not messages or not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
         raise SBDError("a chat prompt is a string or a list of {'role': ..., 'content': ...} messages")
-    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-        raise SBDError("chat=True needs a tokenizer with a chat template (this one has none); "
-                       "pass plain prompts with chat=False")
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):  # spelled per interface (--chat)
+        raise SpecError("chat", "{chat=True} needs a tokenizer with a chat template (this one has none); pass plain "
+                                "prompts without {chat=True}")
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return tokenizer(text, add_special_tokens=False).input_ids  # the template already holds any BOS
 
