@@ -143,8 +143,10 @@ class DecodeSpec:
 
     @classmethod
     def check(cls, **given) -> None:
-        """The checks that need no model: each setting given (not None) is valid and read by the rest
-        (the command line runs them before it loads a model). SpecError names the first that is not."""
+        """The checks that need no model: each setting given (not None) is valid and read by the decoding
+        chosen (the command line runs them before it loads a model). SpecError names the first that is not.
+        What hangs on the model's defaults (gamma or proxy under sbd-verify without a draft given, lookup_max
+        without lookup given) is left to `resolve`, whose refusal names what the defaults chose."""
         _check_given({k: v for k, v in given.items() if v is not None})
 
     @classmethod
