@@ -80,8 +80,8 @@ def loop_overhead(model, method: str, gamma: float, repeats: int, prompt_len: in
     for i in range(repeats + 1):
         timed = Timed(model).eval()  # a decoding call should find the model in eval mode, as loaded
         t = time.perf_counter()
-        out = sbd.generate(timed, None, [prompt], method=method, block_size=16, max_new_tokens=new, eos_token_ids=[],
-                           **({"gamma": gamma} if method == "sbd" else {}))  # NTP reads no γ
+        out = sbd.generate(timed, None, [prompt], method=method, max_new_tokens=new, eos_token_ids=[],
+                           **({"gamma": gamma, "block_size": 16} if method == "sbd" else {}))  # NTP reads neither
         total = time.perf_counter() - t
         if i:
             per_forward.append((total - timed.seconds) / timed.calls)

@@ -138,6 +138,11 @@ def llama():
     return _model("llama")
 
 
+def blocks(method: str, block_size: int) -> dict:
+    """`block_size` as a keyword for the methods that read it (NTP has no blocks, and refuses one)."""
+    return {} if method == "ntp" else {"block_size": block_size}
+
+
 def random_prompts(n: int, vocab: int, lengths=(3, 11, 6, 1, 17), seed: int = 0) -> list[list[int]]:
     """Token-id prompts of different lengths that avoid the special tokens (ids 0-2)."""
     g = torch.Generator().manual_seed(seed)

@@ -12,7 +12,7 @@ from sbd.decoding import engine
 from sbd.decoding.attention import StepLayout, attend, rows_plan, uniform_plan
 from sbd.decoding.forward import columns, step_mask
 
-from conftest import DEVICE, attach_random_adapter, random_prompts
+from conftest import DEVICE, attach_random_adapter, blocks, random_prompts
 
 
 def dense_reference(q, k, v, mask):
@@ -107,8 +107,8 @@ def test_routed_attention_changes_no_token(model, method, kw, batch):
     """The same tokens, forwards and (to float rounding) logits as the dense mask, alone and in ragged
     batches; alone, no forward needs a per-row mask; a tree or a ragged batch takes the "rows" plan."""
     prompts = random_prompts(batch, model.config.vocab_size)
-    a, la, plans_a = _run(model, "dense", prompts, method=method, block_size=4, **kw)
-    b, lb, plans_b = _run(model, "auto", prompts, method=method, block_size=4, **kw)
+    a, la, plans_a = _run(model, "dense", prompts, method=method, **blocks(method, 4), **kw)
+    b, lb, plans_b = _run(model, "auto", prompts, method=method, **blocks(method, 4), **kw)
     assert a.token_ids == b.token_ids and a.nfe == b.nfe and a.steps == b.steps
     assert len(la) == len(lb)
     for x, y in zip(la, lb):

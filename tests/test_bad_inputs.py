@@ -119,6 +119,17 @@ def test_generate_api_and_cli_one_liners(root, llama, capsys):
                              "1 2 3 4 5 6 7 8"], "max_new_tokens (60)")
 
 
+def test_an_end_token_outside_the_vocabulary_is_refused(llama):
+    vocab = llama.get_input_embeddings().num_embeddings
+    for bad, shown in (([10 ** 9], str(10 ** 9)), ([3, -1], "-1"), ([vocab], str(vocab)), ([2.5], "2.5"), (7, "7")):
+        with pytest.raises(SBDError, match=f"eos_token_ids") as e:
+            sbd.generate(llama, None, [[5, 6, 7]], method="ntp", max_new_tokens=3, eos_token_ids=bad)
+        assert shown in str(e.value) and "\n" not in str(e.value)
+        if not isinstance(bad, int) and all(isinstance(t, int) for t in bad):
+            assert f"vocabulary of {vocab}" in str(e.value)
+    assert sbd.generate(llama, None, [[5, 6, 7]], method="ntp", max_new_tokens=3, eos_token_ids=[vocab - 1]).nfe
+
+
 def test_nan_weights_are_named_as_such(root):
     model, _ = sbd.load(root / "model", probe=False)
     with torch.no_grad():

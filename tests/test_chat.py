@@ -6,6 +6,7 @@ import copy
 import pytest
 
 import sbd
+from conftest import blocks
 from sbd import SBDError
 from sbd.cli.main import main
 from sbd.decoding.generate import encode_prompts
@@ -33,18 +34,22 @@ def test_a_string_becomes_a_user_turn_with_the_assistant_turn_opened(chat_tokeni
 def test_generate_with_chat_decodes_the_templated_prompt(llama, chat_tokenizer):
     templated = chat_tokenizer("<user>12 + 34\n<assistant>", add_special_tokens=False).input_ids
     for method in ("ntp", "sbd", "sbd-verify"):
-        a = sbd.generate(llama, chat_tokenizer, ["12 + 34"], method=method, block_size=4, max_new_tokens=10, chat=True)
-        b = sbd.generate(llama, chat_tokenizer, [templated], method=method, block_size=4, max_new_tokens=10)
+        a = sbd.generate(llama, chat_tokenizer, ["12 + 34"], method=method, **blocks(method, 4), max_new_tokens=10,
+                         chat=True)
+        b = sbd.generate(llama, chat_tokenizer, [templated], method=method, **blocks(method, 4), max_new_tokens=10)
         assert a.token_ids == b.token_ids and a.prompt_lengths == [len(templated)]
 
 
 def test_no_template_is_a_one_line_error(llama, tokenizer, tmp_path, capsys):
-    with pytest.raises(SBDError, match="chat template"):
+    with pytest.raises(SBDError, match="^chat=True needs a tokenizer with a chat template") as e:
         sbd.generate(llama, tokenizer, ["hi"], method="sbd", chat=True)
+    assert "without chat=True" in str(e.value)
     with pytest.raises(SBDError, match="role"):
         encode_prompts(tokenizer, [[{"content": "no role"}]], chat=True)
     from sbd.models import tiny
 
     tiny.create(tmp_path / "m", vocab_size=300, hidden=32, layers=1, heads=2, kv_heads=1, context=128)
     assert main(["generate", "--model", str(tmp_path / "m"), "hi", "--chat", "--max-new-tokens", "4"]) == 2
-    assert "chat template" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip()  # in the command line's words: its flag, not the keyword
+    assert err.startswith("sbd: error: --chat needs a tokenizer with a chat template") and "\n" not in err, err
+    assert "without --chat" in err and "chat=" not in err, err

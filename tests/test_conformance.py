@@ -18,7 +18,7 @@ from sbd.masks import causal_mask
 from sbd.models.cache_arg import with_cache
 from sbd.models.probe import probe_model
 
-from conftest import random_prompts
+from conftest import blocks, random_prompts
 
 TOL = 1e-4
 
@@ -149,7 +149,7 @@ def test_revealed_tokens_are_fed_back_into_the_block(model):
 @pytest.mark.parametrize("method,gamma", [("ntp", 0.0), ("sbd", 0.0), ("sbd", 0.35), ("sbd", 1.0), ("sbd", math.inf)])
 def test_batch_decodes_each_row_as_if_alone(model, method, gamma):
     prompts = random_prompts(5, model.config.vocab_size, seed=3)
-    kw = dict(method=method, block_size=4, max_new_tokens=30, **({"gamma": gamma} if method == "sbd" else {}))
+    kw = dict(method=method, **blocks(method, 4), max_new_tokens=30, **({"gamma": gamma} if method == "sbd" else {}))
     # Make a token that the first row produces mid-way the EOS, so that rows stop at different times.
     free = sbd.generate(model, None, prompts[:1], eos_token_ids=[], **kw)
     eos = [free.token_ids[0][9]]

@@ -17,7 +17,7 @@ from sbd.errors import SBDError
 from sbd.models.cache_arg import with_cache
 from sbd.sampler import reveal_from_proxy
 
-from conftest import random_prompts
+from conftest import blocks, random_prompts
 
 CASES = [("ntp", {}), ("sbd", {"gamma": 0.0}), ("sbd", {"gamma": 0.35}), ("sbd", {"gamma": math.inf}),
          ("sbd", {"gamma": 0.35, "proxy": "margin"}), ("sbd-verify", {}), ("sbd-verify", {"draft": "eb", "gamma": 0.35})]
@@ -40,7 +40,7 @@ def _alone(model, prompts, seeds=None, **kw):
 @pytest.mark.parametrize("method,kw", CASES)
 def test_batch_equals_alone_greedy(model, method, kw):
     prompts = random_prompts(5, model.config.vocab_size, seed=11)
-    kw = dict(method=method, block_size=4, max_new_tokens=24, **kw)
+    kw = dict(method=method, **blocks(method, 4), max_new_tokens=24, **kw)
     eos = _eos_for_ragged_stops(model, prompts, **kw)
     batch = sbd.generate(model, None, prompts, eos_token_ids=eos, **kw)
     assert len({len(t) for t in batch.token_ids}) > 1  # rows really stop at different times
@@ -55,7 +55,7 @@ def test_batch_equals_alone_greedy(model, method, kw):
 def test_batch_equals_alone_seeded_sampling(model, method, kw):
     prompts = random_prompts(4, model.config.vocab_size, seed=12)
     seeds = [5, 17, 5, 99]
-    kw = dict(method=method, block_size=4, max_new_tokens=20, temperature=1.0, eos_token_ids=[], **kw)
+    kw = dict(method=method, **blocks(method, 4), max_new_tokens=20, temperature=1.0, eos_token_ids=[], **kw)
     batch = sbd.generate(model, None, prompts, seed=seeds, **kw)
     for i, one in enumerate(_alone(model, prompts, seeds, **kw)):
         assert batch.token_ids[i] == one.token_ids[0] and batch.nfe[i] == one.nfe[0]
@@ -123,7 +123,7 @@ def test_each_rows_cache_equals_a_causal_prefill_of_its_tokens(model, method):
             if r.commits[i]:
                 checks.append((list(context[id(row)]), [(k.clone(), v.clone()) for k, v in r.committed(i)]))
 
-    sbd.generate(model, None, prompts, method=method, block_size=4, max_new_tokens=18, eos_token_ids=[],
+    sbd.generate(model, None, prompts, method=method, **blocks(method, 4), max_new_tokens=18, eos_token_ids=[],
                  observer=observe)
     assert len(checks) > 10
     for ids, cached in checks:

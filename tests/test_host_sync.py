@@ -10,7 +10,7 @@ import torch
 
 import sbd
 
-from conftest import random_prompts
+from conftest import blocks, random_prompts
 
 READS = ("tolist", "item", "__bool__", "__int__", "__float__", "__index__", "nonzero")
 
@@ -44,9 +44,9 @@ def test_one_host_read_per_forward(llama, count_reads, method, kw, batch):
     """Two budgets, no EOS: the extra forwards of the longer run cost exactly one read each (the fixed
     reads of a call — prompts, results — cancel)."""
     prompts = random_prompts(batch, llama.config.vocab_size, lengths=(5, 9, 7))
-    short_reads, short_nfe = _reads_and_forwards(llama, count_reads, prompts, method=method, block_size=4,
+    short_reads, short_nfe = _reads_and_forwards(llama, count_reads, prompts, method=method, **blocks(method, 4),
                                                  max_new_tokens=16, **kw)
-    long_reads, long_nfe = _reads_and_forwards(llama, count_reads, prompts, method=method, block_size=4,
+    long_reads, long_nfe = _reads_and_forwards(llama, count_reads, prompts, method=method, **blocks(method, 4),
                                                max_new_tokens=48, **kw)
     assert long_nfe > short_nfe
     assert long_reads - short_reads == long_nfe - short_nfe

@@ -94,6 +94,10 @@ def test_bad_model_arguments_are_one_line_errors(tokenizer):
         SBDLM(pretrained=_model("llama"), tokenizer=tokenizer, batch_size="auto", device=str(DEVICE))
     with pytest.raises(SBDError, match="gamma"):
         SBDLM(pretrained=_model("llama"), tokenizer=tokenizer, gamma="high", device=str(DEVICE))
+    for args, name in ((dict(method="ntp", block_size=8), "block_size"), (dict(method="ntp", draft="block"), "draft")):
+        with pytest.raises(SBDError, match=f"^{name}=") as e:  # a setting the method does not read, in Python's words
+            SBDLM(pretrained=_model("llama"), tokenizer=tokenizer, device=str(DEVICE), **args)
+        assert "\n" not in str(e.value)
 
 
 def test_the_harness_runs_an_sbd_task_and_scores_like_sbd():

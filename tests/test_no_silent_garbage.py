@@ -114,7 +114,8 @@ def test_training_records_what_the_drafter_fits(plain):
     (dict(temperature=float("inf")), "finite"),
     (dict(method="sbd", block_size=1000), "exceeds the model's 64 positions"),
     (dict(lookup=False, lookup_max=4), "lookup is off"),
-    (dict(method="ntp", lookup_max=4), "lookup is off"),
+    (dict(method="ntp", lookup_max=4), "lookup_max sets the longest prompt-lookup draft, read by greedy "
+                                       "method='sbd-verify' with lookup=True; here method='ntp'"),
 ])
 def test_settings_that_would_be_silently_odd_are_refused(plain, kw, words):
     model, tokenizer = plain

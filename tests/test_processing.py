@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 import torch
-from conftest import _model, attach_random_adapter, random_prompts
+from conftest import _model, attach_random_adapter, blocks, random_prompts
 from test_host_sync import _reads_and_forwards, count_reads  # noqa: F401  (count_reads is a fixture)
 from test_verify import MASK, V, TwoHeadLM, _exact_marginals  # noqa: F401
 from transformers import LogitsProcessor, LogitsProcessorList, TopPLogitsWarper
@@ -167,7 +167,7 @@ def test_hugging_face_generate_with_the_same_rule_agrees(model):
         proc = cases[case]
         want = [_hf(model, p, proc) for p in prompts]
         for method in ("ntp", "sbd-verify"):
-            out = sbd.generate(model, None, prompts, method=method, block_size=4, max_new_tokens=N, **_kw(proc))
+            out = sbd.generate(model, None, prompts, method=method, **blocks(method, 4), max_new_tokens=N, **_kw(proc))
             assert out.token_ids == want, (case, method)
 
 
@@ -195,7 +195,7 @@ def test_logprobs_are_the_raw_next_token_distribution(model, temperature):
     attach_random_adapter(model, seed=1)
     try:
         outs.append(sbd.generate(model, None, prompts, method="sbd-verify", block_size=4,
-                                 lookup=temperature == 0, **kw))
+                                 **({"lookup": True} if temperature == 0 else {}), **kw))  # lookup: greedy only
     finally:
         adapters.detach(model)
     assert len({len(t) for t in outs[0].token_ids}) > 1 or temperature > 0
@@ -322,7 +322,7 @@ def test_sampled_sbd_verify_keeps_the_processed_distribution():
 @pytest.mark.parametrize("method", ["ntp", "sbd-verify"])
 def test_one_host_read_per_forward_with_processors(llama, count_reads, method):  # noqa: F811
     prompts = random_prompts(2, llama.config.vocab_size, lengths=(5, 9))
-    kw = dict(method=method, block_size=4, logprobs=2, presence_penalty=1.0, frequency_penalty=0.5,
+    kw = dict(method=method, **blocks(method, 4), logprobs=2, presence_penalty=1.0, frequency_penalty=0.5,
               logit_bias={5: 3.0})
     short_reads, short_nfe = _reads_and_forwards(llama, count_reads, prompts, max_new_tokens=12, **kw)
     long_reads, long_nfe = _reads_and_forwards(llama, count_reads, prompts, max_new_tokens=36, **kw)
@@ -330,8 +330,9 @@ def test_one_host_read_per_forward_with_processors(llama, count_reads, method): 
 
 
 @pytest.mark.parametrize("kw,match", [
-    (dict(method="sbd", logit_bias={5: 1.0}), "apply to method='ntp' or method='sbd-verify'"),
-    (dict(method="sbd", logprobs=1), "apply to method='ntp' or method='sbd-verify'"),
+    (dict(method="sbd", logit_bias={5: 1.0}), "^logit_bias acts on the next-token head, read by method='ntp' and "
+                                              "method='sbd-verify'"),
+    (dict(method="sbd", logprobs=1), "^logprobs=1 acts on the next-token head, read by method='ntp' and"),
     (dict(method="ntp", logit_bias={10_000: 1.0}), "logit_bias token id 10000 lies outside"),
     (dict(method="ntp", logit_bias={-1: 1.0}), "logit_bias token id -1 lies outside"),
     (dict(method="ntp", logit_bias={5: 101}), r"logit_bias\[5\] must be a number from -100 to 100"),
@@ -355,9 +356,9 @@ def test_processing_defaults_and_make_row():
     assert Processing().is_default and not Processing(top_p=1).changes_logits
     assert Processing(logprobs=0).changes_logits is False and not Processing(logprobs=0).is_default
     assert Processing(logit_bias={"50": -100}).logit_bias == {50: -100.0}  # JSON keys are strings
-    with pytest.raises(sbd.SBDError, match="apply to method='ntp' or method='sbd-verify'"):
+    with pytest.raises(sbd.SBDError, match="^top_p=0.5 acts on the next-token head, read by method='ntp' and method='sbd-verify'"):
         DecodeSpec.check(method="sbd", max_new_tokens=4, processing=Processing(top_p=0.5))
     assert make_row(DecodeSpec(method="sbd", max_new_tokens=4, processing=Processing()), [5, 6],
                     mask_id=3).processing is None
     model = _model("llama")
-    assert sbd.generate(model, None, [[5, 6]], method="sbd", max_new_tokens=4, top_p=1.0).logprobs is None
+    assert sbd.generate(model, None, [[5, 6]], method="sbd", max_new_tokens=4).logprobs is None

@@ -90,13 +90,32 @@ def test_forward_cost_command(tmp_path):
     tiny.create(tmp_path / "m", vocab_size=300, hidden=32, layers=1, heads=2, kv_heads=1, context=128)
     out = tmp_path / "fc"
     assert main(["forward-cost", "--model", str(tmp_path / "m"), "--widths", "1,4,16", "--batch-size", "1,2",
-                 "--cached", "0,32,120", "--repeats", "2", "--hardware", "h100-bf16", "--out", str(out),
+                 "--cached", "0,32,112", "--repeats", "2", "--hardware", "h100-bf16", "--out", str(out),
                  "--no-progress"]) == 0
     data = json.loads((out / "forward_cost.json").read_text())
     cells = {(r["batch"], r["cached"], r["width"]): r for r in data["rows"]}
-    assert (1, 120, 16) not in cells and (1, 120, 4) in cells  # 120 + 16 > the context of 128
+    assert set(cells) == {(b, c, w) for b in (1, 2) for c in (0, 32, 112) for w in (1, 4, 16)}  # 112 + 16 = 128
     assert all(cells[(b, c, 1)]["ratio"] == 1.0 for b in (1, 2) for c in (0, 32))
     assert "roofline ×1-token" in (out / "forward_cost.md").read_text()
+
+
+def test_forward_cost_refuses_a_width_beyond_the_context_naming_it(tmp_path, capsys):
+    """A width that does not fit over a cached length is said, not left out of the table."""
+    from sbd.benchmarking.forward_cost import forward_cost_table
+    from sbd.errors import SBDError
+    from sbd.models import tiny
+
+    model, _ = tiny.create(tmp_path / "m", vocab_size=300, hidden=32, layers=1, heads=2, kv_heads=1, context=256)
+    for widths, cached, needles in (([1, 300], [200], ("width 300", "200 cached", "context of 256")),
+                                    ([1, 8], [100, 300], ("width 1", "300 cached", "context of 256"))):
+        argv = ["forward-cost", "--model", str(tmp_path / "m"), "--widths", ",".join(map(str, widths)), "--cached",
+                ",".join(map(str, cached)), "--repeats", "1", "--out", str(tmp_path / "fc"), "--no-progress"]
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("sbd: error:") and all(n in err[0] for n in needles), err
+        with pytest.raises(SBDError, match=needles[0]):
+            forward_cost_table(model, widths=widths, cached=cached, repeats=1, progress=False)
+    assert not (tmp_path / "fc").exists()
 
 
 def test_measured_hardware_is_plausible():

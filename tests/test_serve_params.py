@@ -115,6 +115,35 @@ def test_chat_logprobs_and_top_logprobs_equal_offline(demo, client):  # noqa: F8
     assert all(c.top_logprobs == [] for c in plain.choices[0].logprobs.content)
 
 
+def test_logprobs_cover_exactly_the_tokens_of_the_returned_text(demo, live):  # noqa: F811
+    """An end token is not in the text, so not in the logprobs either; nor is a token that only made a stop
+    string appear. Completions and chat, whole and streamed, alike."""
+    model, tokenizer = demo
+    prompt = "Add up: 12 + 7 - 3 + 45\n"  # the demo model answers, then writes its end token
+    for path, body, chat in (("/v1/completions", {"prompt": prompt, "logprobs": 1}, False),
+                             ("/v1/chat/completions", {"messages": [{"role": "user", "content": prompt}],
+                                                       "logprobs": True, "top_logprobs": 1}, True)):
+        want = offline(demo, body["messages"] if chat else prompt, chat=chat, max_new_tokens=64, logprobs=1)
+        assert want.token_ids[0][-1] == tokenizer.eos_token_id  # the row ended on its end token
+        for stop in (None, ["\n"]):
+            req = {**body, "max_tokens": 64, **({"stop": stop} if stop else {})}
+            choice = _post(live, path, req).json()["choices"][0]
+            text = choice["message"]["content"] if chat else choice["text"]
+            pieces = ([c["token"] for c in choice["logprobs"]["content"]] if chat else
+                      choice["logprobs"]["tokens"])
+            assert choice["finish_reason"] == "stop" and text and "".join(pieces) == text, (path, stop, pieces, text)
+            if stop is None:
+                assert len(pieces) == len(want.token_ids[0]) - 1  # all but the end token
+            chunks = _stream(live, path, req)
+            lps = [c["choices"][0]["logprobs"] for c in chunks if c["choices"][0].get("logprobs")]
+            streamed = [x["token"] for lp in lps for x in lp["content"]] if chat else [x for lp in lps
+                                                                                       for x in lp["tokens"]]
+            assert streamed == pieces, (path, stop)
+            if not chat:
+                offsets = [x for lp in lps for x in lp["text_offset"]]
+                assert offsets == choice["logprobs"]["text_offset"], (offsets, choice["logprobs"]["text_offset"])
+
+
 @pytest.mark.parametrize("settings", [
     {"logit_bias": {"5": 100}},
     {"presence_penalty": 1.5},

@@ -272,7 +272,7 @@ def test_tcmalloc_and_intel_openmp_are_preloaded_where_installed_when_asked(tmp_
 
 
 def test_the_request_checks_refuse_what_sbds_server_refuses():
-    from sbd.integrations.vllm.request_checks import check
+    from sbd.integrations.vllm.request_checks import PATHS, check
 
     settings = {"served_name": "tiny", "mask_id": 2, "mask_text": "<|mask|>"}
     known = {"model", "prompt", "max_tokens", "temperature", "messages", "ignore_eos"}
@@ -295,6 +295,11 @@ def test_the_request_checks_refuse_what_sbds_server_refuses():
     assert error({"messages": chat}, "/v1/chat/completions")[:2] == (400, "messages[1].content")
     assert check("/v1/completions", {"model": "other", "prompt": "hi"}, settings, known).code == "model_not_found"
     assert check("/v1/completions", {"prompt": "hi"}, settings, known) is None  # as sbd's server: model may be left out
+    assert check("/v1/chat/completions", {"messages": [], "model": None}, settings, known) is None  # null: left out
+    for path in PATHS:
+        for name in ("other", "", "TINY"):
+            e = check(path, {"model": name, "prompt": "hi"}, settings, known)
+            assert (e.status, e.code, e.param) == (404, "model_not_found", "model"), (path, name)
 
 
 # --- both engines, live ---
@@ -326,6 +331,9 @@ PARITY = [  # (endpoint, body): good and bad requests; the tiny model has no cha
     ("/v1/completions", {"model": "other", "prompt": "the cat sat", "max_tokens": 8}),
     ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}),
     ("/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "foo": 1}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}),  # no model
+    ("/v1/chat/completions", {"model": "other", "messages": [{"role": "user", "content": "hi"}]}),
+    ("/v1/completions", {"model": "", "prompt": "the cat sat", "max_tokens": 8}),
 ]
 SBD_ONLY = [  # settings of sbd's own engine: honoured there, refused by the vLLM engine (never dropped)
     {"method": "ntp"}, {"method": "sbd", "anchor": True}, {"block_size": 4}, {"lookup": False}, {"tree": "chain"},

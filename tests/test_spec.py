@@ -100,3 +100,57 @@ def test_a_model_without_weights_has_the_same_facts_and_server_configuration():
     assert server_config(full, model_path="demo", tokenizer=tok) == server_config(shape, model_path="demo",
                                                                                   tokenizer=tok2)
     assert DecodeSpec.resolve(full) == DecodeSpec.resolve(shape)
+
+
+# -- a setting given that the chosen decoding does not read: refused in one line naming it, by one rule ----
+UNREAD = [
+    (dict(method="ntp", draft="block"), "draft"),
+    (dict(method="sbd", draft="block"), "draft"),
+    (dict(method="ntp", block_size=8), "block_size"),
+    (dict(method="ntp", lookup=False), "lookup"),
+    (dict(method="sbd", tree="chain"), "tree"),
+    (dict(method="sbd-verify", temperature=0.7, tree="chain"), "tree"),
+    (dict(method="sbd-verify", draft="eb", lookup=False), "lookup"),
+    (dict(method="ntp", anchor=False), "anchor"),
+    (dict(method="ntp", reveal_per_forward=2), "reveal_per_forward"),
+    (dict(method="ntp", draft_options=DraftOptions()), "draft_options"),
+    (dict(method="sbd", top_p=1.0), "top_p"),
+    (dict(method="sbd", logprobs=0), "logprobs"),
+    (dict(method="sbd", temperature=0.5, top_p=0.9), "top_p"),
+    (dict(method="sbd-verify", draft="block", gamma=0.2), "gamma"),
+]
+
+
+@pytest.mark.parametrize("given, field", UNREAD)
+def test_a_setting_the_decoding_does_not_read_is_refused_naming_it(given, field):
+    for check in (lambda: DecodeSpec.check(**given), lambda: DecodeSpec.build(FACTS, **given)):
+        with pytest.raises(SpecError) as e:
+            check()
+        assert e.value.field == field and "\n" not in str(e.value)
+        assert str(e.value).startswith(field), str(e.value)  # named first, as the user wrote it
+
+
+def test_settings_left_to_defaults_and_a_seed_with_greedy_decoding_are_never_refused():
+    recorded = sbd.decoding.defaults.VerifySettings("adaptive", True, 9, (2,))
+    for method in ("ntp", "sbd", "sbd-verify"):  # the recorded drafting defaults trigger nothing
+        DecodeSpec.build(FACTS, defaults=recorded, method=method)
+    assert DecodeSpec.build(FACTS, method="ntp", temperature=0, top_p=0.9).processing.top_p == 0.9  # as seed
+    model = _model("llama")
+    out = sbd.generate(model, None, [[5, 6, 7]], method="ntp", max_new_tokens=3, seed=11)  # greedy: seed unread
+    assert out.token_ids == [hf_greedy(model, [5, 6, 7], 3)]
+    with pytest.raises(SpecError, match="block_size"):  # the library refuses what the CLI and server do
+        sbd.generate(model, None, [[5, 6, 7]], method="ntp", max_new_tokens=3, block_size=8)
+
+
+def test_the_eb_rule_refused_under_sbd_verify_names_the_draft_the_model_resolved():
+    recorded = sbd.decoding.defaults.VerifySettings("adaptive", True, 9, (2,))
+    with pytest.raises(SpecError) as e:
+        DecodeSpec.build(FACTS, defaults=recorded, gamma=0.1)
+    cli = e.value.spelled("cli")
+    assert "--draft adaptive (this model's default)" in cli and "--draft block" not in cli, cli
+    with pytest.raises(SpecError) as e:
+        DecodeSpec.build(FACTS, gamma=0.1)
+    assert "--draft block (this model's default)" in e.value.spelled("cli")
+    with pytest.raises(SpecError) as e:
+        DecodeSpec.build(FACTS, defaults=recorded, gamma=0.1, draft="block")
+    assert "--draft block" in e.value.spelled("cli") and "default" not in e.value.spelled("cli")

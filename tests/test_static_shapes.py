@@ -10,7 +10,7 @@ import torch
 
 import sbd
 
-from conftest import attach_random_adapter, random_prompts
+from conftest import attach_random_adapter, blocks, random_prompts
 
 CASES = [("ntp", {}), ("sbd", {"gamma": 0.0}), ("sbd", {"gamma": 0.35}), ("sbd", {"gamma": math.inf}),
          ("sbd-verify", {}), ("sbd-verify", {"draft": "eb", "gamma": 0.35})]
@@ -20,8 +20,8 @@ CASES = [("ntp", {}), ("sbd", {"gamma": 0.0}), ("sbd", {"gamma": 0.35}), ("sbd",
 @pytest.mark.parametrize("block_size", [4, 5])
 def test_static_shapes_change_nothing(model, method, kw, block_size):
     prompts = random_prompts(5, model.config.vocab_size)
-    a = sbd.generate(model, None, prompts, method=method, block_size=block_size, max_new_tokens=23, **kw)
-    b = sbd.generate(model, None, prompts, method=method, block_size=block_size, max_new_tokens=23,
+    a = sbd.generate(model, None, prompts, method=method, **blocks(method, block_size), max_new_tokens=23, **kw)
+    b = sbd.generate(model, None, prompts, method=method, **blocks(method, block_size), max_new_tokens=23,
                      static_shapes=True, **kw)
     assert a.token_ids == b.token_ids and a.nfe == b.nfe and a.steps == b.steps
 
@@ -76,8 +76,8 @@ def test_compiled_decoding_gives_the_same_tokens():
     prompts = random_prompts(2, 60, lengths=(5, 9))
     torch._dynamo.reset()
     for method in ("ntp", "sbd-verify"):
-        eager = sbd.generate(model, None, prompts[:1], method=method, block_size=4, max_new_tokens=12, eos_token_ids=[])
-        fast = sbd.generate(model, None, prompts[:1], method=method, block_size=4, max_new_tokens=12, eos_token_ids=[],
+        eager = sbd.generate(model, None, prompts[:1], method=method, **blocks(method, 4), max_new_tokens=12, eos_token_ids=[])
+        fast = sbd.generate(model, None, prompts[:1], method=method, **blocks(method, 4), max_new_tokens=12, eos_token_ids=[],
                             compile=True)
         assert fast.token_ids == eager.token_ids and fast.nfe == eager.nfe
     counters = torch._dynamo.utils.counters["stats"]["unique_graphs"]

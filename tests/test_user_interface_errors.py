@@ -92,6 +92,26 @@ def test_chat_without_a_template_over_http_names_the_completions_endpoint(demo):
     assert not PY_KEYWORDS.search(err["message"]), err
 
 
+def test_a_request_without_model_is_for_the_served_one_and_any_other_name_is_404(demo_chat):
+    """As vLLM's OpenAI server: `model` left out (or null) means the served model; any other name is a 404,
+    on both endpoints; docs/serving.md says exactly that."""
+    model, tokenizer = demo_chat
+    bodies = {"/v1/completions": {"prompt": "hi", "max_tokens": 2},
+              "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}}
+    with _client(model, tokenizer) as c:  # served as "m"
+        for path, body in bodies.items():
+            for name in (None, "m"):
+                r = c.post(path, json={**body, "model": name})
+                assert r.status_code == 200 and r.json()["model"] == "m", (path, name, r.text)
+                assert c.post(path, json=body).status_code == 200
+            for name in ("gpt-9", "", "M"):
+                err = _error(c.post(path, json={**body, "model": name}), 404)
+                assert err["code"] == "model_not_found" and err["param"] == "model", err
+    row = next(line for line in (Path(__file__).parent.parent / "docs" / "serving.md").read_text().splitlines()
+               if line.startswith("| `model` |"))
+    assert "left out" in row and "served" in row and "404" in row, row
+
+
 def test_plain_sbd_refused_over_http_names_the_request_fields(verify_only):
     model, tokenizer = sbd.load(verify_only)
     with _client(model, tokenizer) as c:
@@ -147,8 +167,9 @@ def test_the_library_refuses_gamma_and_proxy_where_nothing_reads_them(llama, kw,
 
 def test_the_library_takes_gamma_and_proxy_where_they_are_read(llama):
     for kw in (dict(method="sbd", gamma=0.5, proxy="margin"), dict(method="sbd-verify", draft="eb", gamma=0.2),
-               dict(method="sbd", anchor=True, gamma=0.5, proxy="entropy"), dict(method="ntp"), dict()):
+               dict(method="sbd", anchor=True, gamma=0.5, proxy="entropy"), dict(method="sbd-verify"), dict()):
         sbd.generate(llama, None, [[5, 6, 7]], max_new_tokens=4, block_size=4, **kw)
+    sbd.generate(llama, None, [[5, 6, 7]], max_new_tokens=4, method="ntp")  # NTP has no blocks
 
 
 @pytest.mark.parametrize("extra, needle", [
@@ -156,11 +177,23 @@ def test_the_library_takes_gamma_and_proxy_where_they_are_read(llama):
     (["--method", "ntp", "--proxy", "margin"], "--proxy"),
     (["--method", "ntp", "--block-size", "4"], "--block-size"),
     (["--gamma", "0.1"], "--draft eb"),  # sbd-verify drafting by the masks: gamma has no say
+    (["--method", "ntp", "--draft", "block"], "--draft block"),  # sbd-verify's option
+    (["--method", "ntp", "--no-lookup"], "--no-lookup"),
+    (["--method", "sbd", "--tree", "chain"], "--tree"),
 ])
 def test_the_cli_refuses_options_nothing_reads(capsys, extra, needle):
     assert main(["generate", "--model", "demo", "x", *extra]) == 2
     line = _one_line_error(capsys, needle)
     assert not PY_KEYWORDS.search(line), line
+
+
+def test_a_refused_gamma_names_the_draft_this_model_resolved(capsys):
+    """The demo model's default draft is adaptive: the refusal says so, not "block"."""
+    assert main(["generate", "--model", "demo", "x", "--gamma", "0.1"]) == 2
+    line = _one_line_error(capsys, "--gamma 0.1", "--draft eb", "--draft adaptive (this model's default)")
+    assert "--draft block" not in line
+    assert main(["generate", "--model", "demo", "x", "--gamma", "0.1", "--draft", "block"]) == 2
+    assert "default" not in _one_line_error(capsys, "--draft block")
 
 
 def test_the_server_refuses_block_size_with_ntp():
@@ -175,6 +208,28 @@ def test_the_server_refuses_block_size_with_ntp():
         options(CompletionRequest(prompt="x", method="ntp", block_size=4), Limits(), FACTS)
     assert e.value.param == "block_size" and "ntp" in e.value.message
     assert options(CompletionRequest(prompt="x", method="sbd", block_size=4), Limits(), FACTS).spec.block_size == 4
+
+
+def test_the_server_refuses_request_fields_nothing_reads_but_never_its_own_defaults():
+    pytest.importorskip("fastapi")
+    from sbd.models.facts import ModelFacts
+    from sbd.serving.config import Limits
+    from sbd.serving.errors import APIError
+    from sbd.serving.protocol import ChatRequest, CompletionRequest, options
+
+    facts = ModelFacts(context=None, vocab=400, mask_id=399, block_size=4, eos_ids=(), device=torch.device("cpu"))
+    for fields, param in ((dict(method="ntp", draft="block"), "draft"), (dict(method="ntp", lookup=False), "lookup"),
+                          (dict(method="sbd", top_p=1.0), "top_p"), (dict(method="ntp", anchor=False), "anchor")):
+        with pytest.raises(APIError) as e:
+            options(CompletionRequest(prompt="x", **fields), Limits(), facts)
+        assert e.value.status == 400 and e.value.param == param, e.value.message
+        assert e.value.message.startswith(f'"{param}"'), e.value.message  # as the request writes it
+    # the server's own defaults (--block-size, --lookup ...) are not the request's: a request for ntp takes none
+    served = Limits(block_size=8, lookup=True, draft="adaptive")
+    assert options(CompletionRequest(prompt="x", method="ntp"), served, facts).spec.method == "ntp"
+    assert options(CompletionRequest(prompt="x"), served, facts).spec.block_size == 8
+    chat = dict(messages=[{"role": "user", "content": "x"}])
+    assert options(ChatRequest(**chat, method="sbd", temperature=0, seed=3, logprobs=False), Limits(), facts)
 
 
 # distill --adopt: answers made with another temperature or seed are not taken as this run's

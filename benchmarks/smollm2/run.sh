@@ -30,7 +30,8 @@ done
 run() {  # name model method [extra model args] [tasks] [metadata]
   local name=$1 model=$2 method=$3 extra=${4:-} tasks=${5:-sbd_gsm_symbolic} meta=${6:-'{"n": 100}'}
   [ -d "$RESULTS/$name" ] && return
-  sbd lm-eval --model sbd --model_args "pretrained=$model,method=$method,block_size=16,threads=2$extra" \
+  local blocks=",block_size=16"; [ "$method" = ntp ] && blocks=""  # NTP has no blocks (refused)
+  sbd lm-eval --model sbd --model_args "pretrained=$model,method=$method$blocks,threads=2$extra" \
     --tasks "$tasks" --metadata "$meta" --batch_size 8 --device cpu --output_path "$RESULTS/$name.tmp" --log_samples
   mv "$RESULTS/$name.tmp" "$RESULTS/$name"
 }

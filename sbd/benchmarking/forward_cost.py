@@ -160,8 +160,9 @@ def forward_cost_table(model, widths: Iterable[int] = WIDTHS, batches: Iterable[
                        cached: Iterable[int] = (256,), repeats: int = 10, warmup: int = 2,
                        progress: bool = True, attentions: Iterable[str] = ("auto",),
                        compile: Iterable[bool] = (False,)) -> list[CostRow]:
-    """time(w)/time(1) for every width, batch size and cached length (cells beyond the model's context
-    are left out). w > 1 is a block of w masks, w = 1 an NTP step. Each attention path (`Shape.attention`)
+    """time(w)/time(1) for every width, batch size and cached length; a width that does not fit over a
+    cached length within the model's context is an SBDError naming both. w > 1 is a block of w masks, w = 1
+    an NTP step. Each attention path (`Shape.attention`)
     is timed in the same rounds as the others; its ratios are to its own 1-token step. compile (False,
     True): each shape also through `torch.compile`, in the same rounds (the first call of a shape compiles,
     untimed: warm-up)."""
@@ -170,17 +171,21 @@ def forward_cost_table(model, widths: Iterable[int] = WIDTHS, batches: Iterable[
     widths = sorted(set(widths) | {1})
     attentions, compile = list(dict.fromkeys(attentions)), list(dict.fromkeys(compile))
     limit = context_limit(model)
-    cells = [(b, c) for b in batches for c in cached if limit is None or c + 1 <= limit]
-    if not cells:
-        raise SBDError(f"every cached length given exceeds the model's context of {limit}")
+    for c in sorted(set(cached)):
+        if limit is not None and c + widths[-1] > limit:
+            w = next(w for w in widths if c + w > limit)
+            room = (f"; the widest that fits there is {limit - c}" if limit > c else
+                    f"; cached lengths go up to {limit - 1}")
+            raise SBDError(f"width {w} over {c} cached tokens needs {c + w} positions, beyond the model's context of "
+                           f"{limit}{room}")
+    cells = [(b, c) for b in batches for c in cached]
     rows = []
     for b, c in tqdm(cells, desc="forward cost", unit="cell", disable=not progress):
-        ws = [w for w in widths if limit is None or c + w <= limit]
         paths = [(a, k) for k in compile for a in attentions]
-        t = time_forwards(model, [Shape(b, w, c, attention=a, compiled=k) for a, k in paths for w in ws],
+        t = time_forwards(model, [Shape(b, w, c, attention=a, compiled=k) for a, k in paths for w in widths],
                           repeats=repeats, warmup=max(warmup, 1 if any(compile) else 0))
         for a, k in paths:
             one = t[Shape(b, 1, c, attention=a, compiled=k)]
             rows += [CostRow(b, c, w, 1e3 * t[Shape(b, w, c, attention=a, compiled=k)],
-                             t[Shape(b, w, c, attention=a, compiled=k)] / one, a, k) for w in ws]
+                             t[Shape(b, w, c, attention=a, compiled=k)] / one, a, k) for w in widths]
     return rows

@@ -63,7 +63,8 @@ def run_demo(n: int = 16, gamma: float = 0.35, block_size: int = 16, seed: int =
     prompts = [ex["prompt"] for ex in examples]
     models = {name: load(name) for name in {model_name, "demo-ntp"}}
     configs = {key: (*models[model_name if name == "demo" else name],
-                     dict(method=method, block_size=block_size, max_new_tokens=max_new_tokens,
+                     dict(method=method, max_new_tokens=max_new_tokens,
+                          **({"block_size": block_size} if method != "ntp" else {}),  # NTP has no blocks
                           **({"gamma": gamma} if method == "sbd" else {})))  # γ: the EB rule of plain SBD
                for key, name, method, _ in COLUMNS}
     results = {}

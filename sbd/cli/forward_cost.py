@@ -34,7 +34,8 @@ def add_forward_cost_parser(sub):
                     "to the measurement. Writes forward_cost.json, forward_cost.md and forward_cost.png to --out.")
     add_model_options(p, "a random-weight Llama with these shapes (time depends on shapes, not weights)")
     p.add_argument("--widths", type=_argtype(parse_sizes), default=[1, 2, 4, 8, 16, 32, 64], metavar="LIST",
-                   help="new tokens per forward (default: 1,2,4,8,16,32,64)")
+                   help="new tokens per forward (default: 1,2,4,8,16,32,64); each must fit over every --cached "
+                        "length within the model's context")
     p.add_argument("--batch-size", type=_argtype(parse_sizes), default=[1], metavar="LIST",
                    help="batch sizes (default: 1)")
     p.add_argument("--cached", type=_argtype(parse_counts), default=[256], metavar="LIST",

@@ -177,12 +177,14 @@ def cmd_generate(args) -> None:
     eb = dict(gamma=args.gamma, proxy=args.proxy)  # the EB rule's settings: method sbd, sbd-verify's draft eb
     results = {}
     for method in methods:
-        mkw = dict(kw)
-        if method != "ntp":
+        # one method takes every option given (the decoding spec refuses what it does not read); with --compare
+        # each row takes those it reads: --block-size sbd and sbd-verify, the drafting options sbd-verify
+        mkw, alone = dict(kw), not args.compare
+        if alone or method != "ntp":
             mkw["block_size"] = args.block_size
-        if method == "sbd" or (method == "sbd-verify" and args.draft == "eb"):
+        if alone or method == "sbd" or (method == "sbd-verify" and args.draft == "eb"):
             mkw.update(eb)
-        if method == "sbd-verify":  # with --compare the drafting options go to sbd-verify alone
+        if alone or method == "sbd-verify":
             mkw.update(drafting_kwargs(args))
         if anchored and method == "sbd":
             mkw["anchor"] = True
@@ -228,9 +230,6 @@ def _unread_options(args) -> None:
             return
         DecodeSpec.check(temperature=args.temperature, max_new_tokens=args.max_new_tokens, stop=args.stop)
         return
-    if args.method == "ntp" and args.block_size is not None:
-        raise SBDError("--block-size sets the blocks of --method sbd and sbd-verify; --method ntp decodes one token "
-                       "per forward")
     DecodeSpec.check(method=args.method, anchor=args.anchor or None, gamma=args.gamma, proxy=args.proxy,
                      block_size=args.block_size, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
                      stop=args.stop, **drafting_kwargs(args))

@@ -22,7 +22,7 @@ from ..modes import eval_mode
 from .defaults import VerifySettings
 from .engine import Engine, ForwardRecord
 from .rows import make_row
-from .spec import DecodeSpec
+from .spec import DecodeSpec, SpecError
 from .trained_for import check_decoding
 from .width_cost import forward_costs
 
@@ -90,9 +90,9 @@ def apply_chat(tokenizer, prompt) -> list[int]:
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
     if not messages or not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
         raise SBDError("a chat prompt is a string or a list of {'role': ..., 'content': ...} messages")
-    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-        raise SBDError("chat=True needs a tokenizer with a chat template (this one has none); "
-                       "pass plain prompts with chat=False")
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):  # spelled per interface (--chat)
+        raise SpecError("chat", "{chat=True} needs a tokenizer with a chat template (this one has none); pass plain "
+                                "prompts without {chat=True}")
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return tokenizer(text, add_special_tokens=False).input_ids  # the template already holds any BOS
 
@@ -246,7 +246,8 @@ def generate(model, tokenizer, prompts, spec: DecodeSpec | None = None, *, seed:
 
     seed (temperature > 0): an int (row i samples with seed + i) or one int per prompt; each row draws
     from its own stream, so a row samples the same alone as in any batch.
-    eos_token_ids: defaults to the tokenizer's and generation config's EOS; `[]` decodes to the budget.
+    eos_token_ids: defaults to the tokenizer's and generation config's EOS; `[]` decodes to the budget; an id
+    outside the model's vocabulary is refused (it could never end a row).
     observer: called after every model forward with a `ForwardRecord` (tests use it to recompute).
     static_shapes: pad every decoding forward to one of a few fixed widths (NTP 1; SBD k and 2k; sbd-verify
     also the powers of two below its widest) over a cache of fixed size, so that its shapes never change
@@ -285,7 +286,7 @@ def generate(model, tokenizer, prompts, spec: DecodeSpec | None = None, *, seed:
     check_context(model, prompt_ids, spec.max_new_tokens)
     check_prompt_ids(model, tokenizer, prompt_ids, prompts, chat)
     seeds = row_seeds(seed, len(prompt_ids), spec.temperature)
-    eos = list(facts.eos_ids if eos_token_ids is None else eos_token_ids)
+    eos = list(facts.end_ids(eos_token_ids))
     adaptive = spec.method == "sbd-verify" and spec.draft == "adaptive"
     cost = forward_costs(model, batch=len(prompt_ids)) if adaptive else None
 

@@ -4,8 +4,10 @@ Every entry point (`generate`, `sbd generate`, the server, lm-eval, the vLLM lau
 user gave into a spec with `DecodeSpec.resolve(model, **given)` (or `build(facts, defaults, **given)`
 where the model's facts are already read), and rows read the spec. Resolving fills each setting left
 out (None) with the default the model records (`sbd.decoding.defaults`, `sbd.models.facts`) and refuses
-every combination that would decode something other than asked, or read a setting nothing uses, with
-one line naming the field (`SpecError.field`).
+every combination that would decode something other than asked with one line naming the field
+(`SpecError.field`). One rule (`reads`, `_unread`) refuses every setting given that the chosen decoding
+does not read (`block_size` or `draft` with method ntp, ...); settings left to the defaults never trigger
+it, and a sampling setting (`top_p`, `seed`) is taken with greedy decoding, as OpenAI takes it.
 
 A refusal is written once and spelled the way each interface writes its settings
 (`SpecError.spelled`): `lookup=True` for Python, `--lookup` for the command line, `"lookup": true` over
@@ -156,8 +158,10 @@ class DecodeSpec:
 
     @classmethod
     def check(cls, **given) -> None:
-        """The checks that need no model: each setting given (not None) is valid and read by the rest
-        (the command line runs them before it loads a model). SpecError names the first that is not."""
+        """The checks that need no model: each setting given (not None) is valid and read by the decoding
+        chosen (the command line runs them before it loads a model). SpecError names the first that is not.
+        What hangs on the model's defaults (gamma or proxy under sbd-verify without a draft given, lookup_max
+        without lookup given) is left to `resolve`, whose refusal names what the defaults chose."""
         _check_given({k: v for k, v in given.items() if v is not None})
 
     @classmethod
@@ -176,8 +180,7 @@ class DecodeSpec:
         if g.get("static_shapes") or g.get("compile"):
             base = replace(base, tree=None)
         lookup = g.get("lookup", base.lookup)
-        if "lookup_max" in g and not lookup:  # a setting nothing would read: said, not ignored
-            raise SpecError("lookup_max", LOOKUP_OFF)
+        _unread(g, draft=chosen_draft, lookup=lookup)  # now with what the defaults resolved to
         tree = tree_setting(g.get("tree"))
         block = g.get("block_size", facts.block_size)
         if method != "ntp" and facts.context and block > facts.context:
@@ -205,9 +208,102 @@ class DecodeSpec:
                    draft_options=g.get("draft_options") or DraftOptions())
 
 
-LOOKUP_OFF = ("{lookup_max} sets the longest prompt-lookup draft, but lookup is off here (greedy sbd-verify with "
-              "{lookup=True} uses it)")
 FITS = "{method=sbd-verify} with greedy decoding ({temperature=0}) and {draft=block} or {draft=adaptive}"
+EB = "{method=sbd} and by {method=sbd-verify} with {draft=eb}"
+HEAD = "the next-token head, read by {method=ntp} and {method=sbd-verify}"
+# Which settings each decoding reads (`reads`); one given (not None) that the chosen decoding does not read is
+# refused in one line that names it (`_unread`): what reads it (below), then what this call decodes with.
+# Every decoding reads method, max_new_tokens, temperature, stop, static_shapes and compile.
+WHO_READS = {
+    "block_size": "sets the blocks of {method=sbd} and {method=sbd-verify}",
+    "gamma": "sets the EB rule, read by " + EB,
+    "proxy": "sets the EB rule, read by " + EB,
+    "anchor": "applies to {method=sbd} (plain SBD anchored on the next-token head)",
+    "reveal_per_forward": "applies to {method=sbd} only (a fixed reveal schedule)",
+    "draft": "applies to {method=sbd-verify} (how it drafts)",
+    "draft_options": "holds drafting switches, read by {method=sbd-verify}",
+    "lookup": "applies to " + FITS,
+    "tree": "applies to " + FITS,
+    "lookup_max": "sets the longest prompt-lookup draft, read by greedy {method=sbd-verify} with {lookup=True}",
+    "processing": "acts on " + HEAD,
+    **{name: "acts on " + HEAD for name in PROCESSING},
+}
+ALWAYS = frozenset({"method", "max_new_tokens", "temperature", "stop", "static_shapes", "compile"})
+HEAD_SETTINGS = frozenset({"processing", *PROCESSING})
+# what each method reads at most; `reads` takes away what the other settings switch off
+READS = {
+    "ntp": ALWAYS | HEAD_SETTINGS,
+    "sbd": ALWAYS | {"block_size", "gamma", "proxy", "anchor", "reveal_per_forward"},
+    "sbd-verify": ALWAYS | HEAD_SETTINGS | {"block_size", "draft", "draft_options", "gamma", "proxy", "lookup",
+                                            "lookup_max", "tree"},
+}
+
+
+def reads(method: str, temperature: float, draft: str | None, lookup: bool,
+          reveal_per_forward: int | None) -> frozenset:
+    """The settings a decoding reads: `method` at `temperature`; sbd-verify drafting with `draft` (and
+    `lookup`); sbd with `reveal_per_forward`. A sampling setting of a method that samples by it (top_p, and
+    seed, which `generate` takes beside the spec) counts as read with greedy decoding too, where it changes
+    nothing: OpenAI takes them at temperature 0, and its clients send them with every request."""
+    out = set(READS[method])
+    if method == "sbd" and reveal_per_forward is not None:
+        out -= {"gamma", "proxy"}  # a fixed schedule instead of the EB rule
+    if method == "sbd-verify":
+        if draft != "eb":
+            out -= {"gamma", "proxy"}  # only EB-revealed drafts follow the EB rule
+        if draft == "eb" or temperature > 0:
+            out -= {"lookup", "lookup_max", "tree"}  # exact with greedy chains of block or adaptive drafts only
+        elif not lookup:
+            out.discard("lookup_max")
+    return frozenset(out)
+
+
+def _spelled(name: str, value) -> str:
+    """A setting as its user wrote it, in a refusal's template: with its value where that is one word (a tree's
+    widths are a list in Python and HTTP, a string on the command line: named alone)."""
+    simple = isinstance(value, (bool, int, float)) or (isinstance(value, str) and value.replace("-", "").isalnum())
+    return f"{{{name}={value!r}}}" if simple and name not in ("lookup_max", "tree") else f"{{{name}}}"
+
+
+def _unread(g: dict, draft: str | None, lookup: bool | None) -> None:
+    """The one rule: a setting given (in `g`) that the chosen decoding does not read is a SpecError naming it.
+    draft, lookup: sbd-verify's as resolved (the model's defaults for those not given); None where no model
+    is at hand (`DecodeSpec.check`): the settings whose fate hangs on them wait for `build`."""
+    method, temperature = g.get("method", "sbd-verify"), g.get("temperature", 0.0)
+    greedy, reveal = not temperature > 0, g.get("reveal_per_forward")
+    if method == "sbd-verify" and not greedy and draft is None:
+        draft = "block"  # sampling drafts whole blocks whatever a model records
+    known = reads(method, temperature, draft, bool(lookup), reveal)
+    for name in g:
+        if name in known:
+            continue
+        if method == "sbd-verify" and (draft is None and name in ("gamma", "proxy") or
+                                       lookup is None and name == "lookup_max" and "lookup" in known):
+            continue  # read or not by what the model's defaults resolve to: `build` decides, and says so
+        value = g[name]
+        if name == "processing":  # a whole Processing: named by its first setting that is not the default
+            name = next((k for k in PROCESSING if getattr(value, k) != getattr(Processing(), k)), name)
+            value = getattr(value, name, value)
+        if name == "lookup_max" and "lookup" in known:  # greedy sbd-verify, lookup off
+            off = "{lookup=False}" if "lookup" in g else "this model's default; {lookup=True} turns it on"
+            raise SpecError(name, f"{{lookup_max}} sets the longest prompt-lookup draft, but lookup is off here ({off})")
+        raise SpecError(name, f"{_spelled(name, value)} {WHO_READS[name]}; here {_here(g, draft)}")
+
+
+def _here(g: dict, draft: str | None) -> str:
+    """What this call decodes with, in a refusal's words (a draft the model's defaults chose says so)."""
+    method, temperature = g.get("method", "sbd-verify"), g.get("temperature", 0.0)
+    if method == "ntp":
+        return "{method=ntp} decodes one token per forward with the next-token head"
+    if method == "sbd":
+        reveal = g.get("reveal_per_forward")
+        return "{method=sbd} " + (f"reveals a fixed {{reveal_per_forward={reveal}}} per forward" if reveal is not None
+                                  else "reveals its blocks by the EB rule")
+    if draft is None:  # no model at hand to say which
+        return "{method=sbd-verify} checks its drafts with the next-token head"
+    default = " (this model's default)" if "draft" not in g and not temperature > 0 else ""
+    sampling = f" and samples ({{temperature={temperature!r}}})" if temperature > 0 else ""
+    return f"{{method=sbd-verify}} drafts with {{draft={draft!r}}}{default}{sampling}"
 
 
 def _processing(g: dict) -> Processing:
@@ -222,7 +318,8 @@ def _processing(g: dict) -> Processing:
 
 
 def _check_given(g: dict) -> None:
-    """`DecodeSpec.check` on the settings given (None dropped)."""
+    """`DecodeSpec.check` on the settings given (None dropped): each valid, and read by the decoding chosen
+    (`_unread`, as far as it can tell without the model's defaults)."""
     unknown = sorted(set(g) - OPTIONS)
     if unknown:
         raise SBDError(f"unknown decoding option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
@@ -234,53 +331,23 @@ def _check_given(g: dict) -> None:
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or \
             not math.isfinite(temperature) or temperature < 0:
         raise SpecError("temperature", f"{{temperature}} must be a finite number >= 0, got {temperature!r}")
-    greedy, verify = not temperature > 0, method == "sbd-verify"
+    greedy = not temperature > 0
     draft = g.get("draft")
     if draft is not None and draft not in DRAFTS:
         raise SpecError("draft", f"unknown {{draft={draft}}}; choose one of {', '.join(DRAFTS)}")
-    if draft not in (None, "block") and not verify:
-        raise SpecError("draft", f"{{draft={draft}}} applies to {{method=sbd-verify}}; the other methods take no draft")
-    if draft in ("adaptive", "eb") and not greedy:
-        why = ("its draft lengths follow measured timings, so with sampling a seed would no longer reproduce the "
-               "sample" if draft == "adaptive" else "the acceptance rule of sampling needs every draft token drawn "
-               "from its own distribution, which out-of-order reveals break")
-        raise SpecError("draft", f"{{draft={draft}}} is greedy only: {why}; use {{draft=block}}")
-    fits = verify and greedy and draft != "eb"  # where lookup and trees apply (defaults never draft "eb")
-    static = bool(g.get("static_shapes")) or bool(g.get("compile"))
     try:
         tree = tree_setting(g.get("tree"))
     except SBDError as e:
         raise SpecError("tree", str(e)) from None
-    if tree not in ("default", None):
-        if not fits:
-            raise SpecError("tree", "{tree} applies to " + FITS)
-        if static:
-            raise SpecError("tree", "tree drafts have no fixed widths: {static_shapes=True} and {compile=True} refuse "
-                                    "{tree}")
     lookup = g.get("lookup")
     if lookup is not None and not isinstance(lookup, bool):
         raise SpecError("lookup", f"{{lookup}} is true or false, got {lookup!r}")
-    if lookup and not fits:
-        raise SpecError("lookup", "{lookup=True} applies to " + FITS)
     lookup_max = g.get("lookup_max")
     if lookup_max is not None and not _int(lookup_max):
         raise SpecError("lookup_max", f"{{lookup_max}} must be an integer >= 1, got {lookup_max!r}")
-    if lookup_max is not None and (lookup is False or not fits):
-        raise SpecError("lookup_max", LOOKUP_OFF)
-    # the EB rule: read by method sbd (unless a fixed schedule replaces it) and by sbd-verify's draft eb
     reveal = g.get("reveal_per_forward")
-    if reveal is not None and (method != "sbd" or not _int(reveal)):
-        raise SpecError("reveal_per_forward", "{reveal_per_forward} is an integer >= 1 and applies to {method=sbd} "
-                                              "only")
-    reads_eb = (method == "sbd" and reveal is None) or (verify and draft == "eb")
-    for name in ("gamma", "proxy"):
-        value = g.get(name)
-        if value is not None and not reads_eb:
-            how = ("{method=sbd} reveals a fixed {reveal_per_forward} instead" if method == "sbd" else
-                   f"{{method=sbd-verify}} drafts with {{draft={draft or 'block'}}} here ({{draft=eb}} drafts by the "
-                   "EB rule)" if verify else f"{{method={method}}} does not use it")
-            raise SpecError(name, f"{{{name}={value!r}}} sets the EB rule, read by {{method=sbd}} and by "
-                                  f"{{method=sbd-verify}} with {{draft=eb}}; {how}")
+    if reveal is not None and not _int(reveal):
+        raise SpecError("reveal_per_forward", "{reveal_per_forward} must be an integer >= 1")
     gamma = g.get("gamma", GAMMA)
     if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or math.isnan(gamma) or gamma < 0:
         raise SpecError("gamma", f"{{gamma}} must be a number >= 0 (inf allowed), got {gamma!r}")
@@ -290,13 +357,6 @@ def _check_given(g: dict) -> None:
     anchor = g.get("anchor", False)
     if not isinstance(anchor, bool):
         raise SpecError("anchor", f"{{anchor}} is true or false, got {anchor!r}")
-    if anchor and method != "sbd":
-        raise SpecError("anchor", f"{{anchor=True}} applies to {{method=sbd}} (plain SBD anchored on the next-token "
-                                  f"head), not {{method={method}}}")
-    if anchor and (proxy != "entropy" or reveal is not None):
-        raise SpecError("proxy" if proxy != "entropy" else "reveal_per_forward",
-                        "{anchor=True} reveals left to right under the entropy bound: {proxy} and "
-                        "{reveal_per_forward} do not apply")
     block = g.get("block_size")
     if block is not None and not _int(block):
         raise SpecError("block_size", f"{{block_size}} must be an integer >= 1, got {block!r}")
@@ -309,12 +369,25 @@ def _check_given(g: dict) -> None:
     if options is not None and not isinstance(options, DraftOptions):
         raise SpecError("draft_options", f"{{draft_options}} is a sbd.decoding.draft_policy.DraftOptions, got "
                                          f"{type(options).__name__}")
-    processing = _processing(g)
-    if method == "sbd" and not processing.is_default:
-        name = next(k for k in PROCESSING if getattr(processing, k) != getattr(Processing(), k))
-        raise SpecError(name, "{logit_bias}, {presence_penalty}, {frequency_penalty}, {top_p} and {logprobs} apply to "
-                              "{method=ntp} or {method=sbd-verify} (the next-token head); {method=sbd} reveals "
-                              "tokens with the masked head")
+    processing = g.get("processing")
+    if processing is not None and not isinstance(processing, Processing):
+        raise SpecError("processing", f"{{processing}} is a sbd.decoding.processing.Processing, got "
+                                      f"{type(processing).__name__}")
+    _processing(g)
+    _unread(g, draft=draft, lookup=lookup)  # settings nothing would read: said, never ignored
+    # combinations of settings that are each read
+    if draft in ("adaptive", "eb") and not greedy:
+        why = ("its draft lengths follow measured timings, so with sampling a seed would no longer reproduce the "
+               "sample" if draft == "adaptive" else "the acceptance rule of sampling needs every draft token drawn "
+               "from its own distribution, which out-of-order reveals break")
+        raise SpecError("draft", f"{{draft={draft}}} is greedy only: {why}; use {{draft=block}}")
+    if tree not in ("default", None) and (g.get("static_shapes") or g.get("compile")):
+        raise SpecError("tree", "tree drafts have no fixed widths: {static_shapes=True} and {compile=True} refuse "
+                                "{tree}")
+    if anchor and (proxy != "entropy" or reveal is not None):
+        raise SpecError("proxy" if proxy != "entropy" else "reveal_per_forward",
+                        "{anchor=True} reveals left to right under the entropy bound: {proxy} and "
+                        "{reveal_per_forward} do not apply")
 
 
 # what `resolve` and `build` take: the spec's fields, and the processors one by one

@@ -8,6 +8,7 @@ instead of each asking the model's config again.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import torch
@@ -92,3 +93,23 @@ class ModelFacts:
         return cls(context=context_limit(model), vocab=int(embeddings.num_embeddings), mask_id=mask_id,
                    block_size=default_block_size(model), eos_ids=tuple(default_eos_ids(model, tokenizer)),
                    device=embeddings.weight.device)
+
+    def end_ids(self, given=None) -> tuple[int, ...]:
+        """The end tokens a call decodes with: `given` (a caller's `eos_token_ids`, each a token id of this
+        vocabulary, else SBDError in one line), or the tokenizer's and generation config's when None."""
+        if given is None:
+            return self.eos_ids
+        if isinstance(given, (str, bytes, dict)) or not hasattr(given, "__iter__"):
+            raise SBDError(f"eos_token_ids is a list of token ids (or [] to decode to the budget), got {given!r}")
+        ids = []
+        for t in given:
+            try:
+                if isinstance(t, bool):
+                    raise TypeError
+                ids.append(operator.index(t))
+            except TypeError:
+                raise SBDError(f"eos_token_ids holds {t!r}, which is not a token id") from None
+            if not 0 <= ids[-1] < self.vocab:
+                raise SBDError(f"eos_token_ids holds {ids[-1]}, which lies outside the model's vocabulary of "
+                               f"{self.vocab} (ids 0..{self.vocab - 1})")
+        return tuple(ids)

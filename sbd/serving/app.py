@@ -61,6 +61,8 @@ def create_app(model, tokenizer, config: ServerConfig | None = None) -> FastAPI:
                                             "owned_by": "sbd"}]}
 
     def check_model(name: str | None) -> None:
+        """`model` left out (None) is the served model, as vLLM's OpenAI server takes it; any other name, ""
+        included, is a 404 (docs/serving.md)."""
         if name is not None and name != server.config.model_name:
             raise APIError(404, f"model {name!r} is not served here; this server serves {server.config.model_name!r}",
                            param="model", code="model_not_found")

@@ -114,9 +114,9 @@ def text(value: str, param: str) -> str:
     return value
 
 
-def _number(value, param: str, low: float, high: float, default: float) -> float:
+def _number(value, param: str, low: float, high: float) -> float | None:
     if value is None:
-        return default
+        return None
     if not math.isfinite(value) or not low <= value <= high:
         raise bad(f"{param} must be between {low:g} and {high:g}", param)
     return float(value)
@@ -198,9 +198,6 @@ def options(req: DecodingFields, limits: Limits, facts: ModelFacts, defaults: Ve
         raise bad(f"method must be one of {', '.join(METHODS)}", "method")
     if req.block_size is not None and not 1 <= req.block_size <= limits.block_size_limit:
         raise bad(f"block_size must be between 1 and {limits.block_size_limit}", "block_size")
-    if req.block_size is not None and method == "ntp":  # a setting nothing would read: said, not ignored
-        raise bad("block_size sets the blocks of methods sbd and sbd-verify; this request decodes with ntp, one "
-                  "token per forward", "block_size")
     if req.lookup_max is not None and not 1 <= req.lookup_max <= limits.lookup_max_limit:
         raise bad(f"lookup_max must be between 1 and {limits.lookup_max_limit}", "lookup_max")
     if req.tree is not None and not (isinstance(req.tree, str) or (isinstance(req.tree, list) and all(
@@ -219,17 +216,18 @@ def options(req: DecodingFields, limits: Limits, facts: ModelFacts, defaults: Ve
     if req.seed is not None and not INT64[0] <= req.seed <= INT64[1] - (n - 1):
         raise bad("seed must be a 64-bit signed integer (with n choices, seed + n - 1 too)", "seed")
     logprobs, echo = _logprobs(req)
-    try:
+    if limits.block_size is not None:  # the server's --block-size: a default, as the model's own would be
+        facts = replace(facts, block_size=limits.block_size)
+    try:  # what the request sent (None: left out, the defaults), so that the spec refuses a field nothing reads
         spec = DecodeSpec.build(
-            facts, defaults=defaults, method=method,
-            block_size=req.block_size if req.block_size is not None else limits.block_size,
+            facts, defaults=defaults, method=method, block_size=req.block_size,
             gamma=req.gamma, proxy=req.proxy, anchor=req.anchor, draft=req.draft, lookup=req.lookup,
             lookup_max=req.lookup_max, tree=req.tree, max_new_tokens=max_tokens,
-            temperature=_number(req.temperature, "temperature", 0, 2, 0.0), stop=stop_strings(req.stop),
-            logit_bias=_logit_bias(req.logit_bias, facts.vocab, facts.mask_id),
-            presence_penalty=_number(req.presence_penalty, "presence_penalty", -2, 2, 0.0),
-            frequency_penalty=_number(req.frequency_penalty, "frequency_penalty", -2, 2, 0.0),
-            top_p=_number(req.top_p, "top_p", 0, 1, 1.0), logprobs=logprobs)
+            temperature=_number(req.temperature, "temperature", 0, 2), stop=stop_strings(req.stop) or None,
+            logit_bias=_logit_bias(req.logit_bias, facts.vocab, facts.mask_id) if req.logit_bias is not None else None,
+            presence_penalty=_number(req.presence_penalty, "presence_penalty", -2, 2),
+            frequency_penalty=_number(req.frequency_penalty, "frequency_penalty", -2, 2),
+            top_p=_number(req.top_p, "top_p", 0, 1), logprobs=logprobs)
     except SpecError as e:
         raise bad(e.spelled("http"), e.param) from None
     if req.gamma is None:  # the server's --gamma, where the EB rule reads it

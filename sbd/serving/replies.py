@@ -27,6 +27,19 @@ def cut_at_stop(tokenizer, tokens: list[int], stop: list[str]) -> tuple[str, boo
     return (text[: min(cut)], True) if cut else (text, False)
 
 
+def text_tokens(tokenizer, tokens: list[int], text: str, eos=frozenset(), least: int = 0) -> int:
+    """How many leading `tokens` the answer's `text` is made of (at least `least`): the fewest whose text
+    still begins with all of it. An end token stripped from the text, or a token that only completed a
+    stop string cut from it, is not one of them, so logprobs cover exactly the returned text's tokens.
+    Without a tokenizer (no text), every token but a final end token."""
+    n = len(tokens)
+    if tokenizer is None:
+        return n - 1 if n > least and tokens[-1] in eos else n
+    while n > least and tokenizer.decode(tokens[:n - 1], skip_special_tokens=True).startswith(text):
+        n -= 1  # from the end: one or two decodes for the usual end token or stop string
+    return n
+
+
 def safe_prefix(text: str, stop: list[str]) -> str:
     """The part of `text` that can be sent now: not an unfinished character, nor the start of a stop string."""
     hold = max((len(s) - 1 for s in stop), default=0)
@@ -81,11 +94,13 @@ async def answer(server: Server, request: Request, path: str, ids: list[int], op
     choices = []
     for job in jobs:
         row, text = job.row, cut_at_stop(tok, job.row.out, opts.spec.stop)[0]
+        lp = None
+        if opts.spec.processing.logprobs is not None:  # the tokens of the text returned, no more
+            entries = row.logprobs[:text_tokens(tok, row.out, text, row.eos)]
+            lp = R.chat_logprobs(tok, entries) if chat else R.completion_logprobs(tok, entries, len(echo))
         if chat:
-            lp = R.chat_logprobs(tok, row.logprobs) if opts.spec.processing.logprobs is not None else None
             choices.append(R.chat_choice(job.index, text, row.finish_reason, lp))
         else:
-            lp = R.completion_logprobs(tok, row.logprobs) if opts.spec.processing.logprobs is not None else None
             choices.append(R.completion_choice(job.index, echo + text, row.finish_reason, lp))
     use = R.usage(len(ids), sum(len(j.row.out) for j in jobs))
     server.count(path, 200)
@@ -102,15 +117,20 @@ async def _stream(server: Server, request: Request, jobs: list[Job], rid: str, o
     tokens = [[] for _ in jobs]
     sent = [""] * len(jobs)
     shown = [0] * len(jobs)  # tokens whose logprobs went out
+    offset = [len(echo)] * len(jobs)  # where the next shown token's text starts (completions' text_offset)
 
     def chunk(i: int, text: str, reason: str | None = None, final: bool = False) -> dict:
-        """A chunk for choice i with `text` and the logprobs of the tokens that arrived since the last."""
+        """A chunk for choice i with `text` and the logprobs of the tokens that make up the text sent so far
+        (with this chunk) and were not shown yet."""
         lp = None
         if opts.spec.processing.logprobs is not None:
-            entries = jobs[i].row.logprobs
-            upto = len(entries) if final else min(len(tokens[i]), len(entries))
-            new, shown[i] = entries[shown[i]:upto], upto
-            lp = R.chat_logprobs(tok, new) if chat else R.completion_logprobs(tok, new, len(echo) + len(sent[i]))
+            row = jobs[i].row
+            made = row.out if final else tokens[i]
+            upto = min(text_tokens(tok, made, sent[i] + text, row.eos, shown[i]), len(row.logprobs))
+            new, shown[i] = row.logprobs[shown[i]:upto], max(shown[i], upto)
+            lp = R.chat_logprobs(tok, new) if chat else R.completion_logprobs(tok, new, offset[i])
+            if not chat:
+                offset[i] += sum(len(piece) for piece in lp["tokens"])
         if chat:
             return R.chat_chunk(rid, name, i, {"content": text} if text or reason is None else {}, reason, lp)
         return R.completion_chunk(rid, name, R.completion_choice(i, text, reason, lp))

@@ -8,7 +8,9 @@ so that vLLM refuses with a 400 what sbd's own server refuses, in the same words
   `lookup_max`, `tree`): the vLLM engine decodes sbd-verify only, with the plug-in's drafting, so such a
   field would be dropped; `method: "sbd-verify"` and `anchor: false`, which ask what it does, pass;
 - the SBD mask token in a prompt or a message, as text or as a token id: reserved for decoding;
-- a model name other than the one served: 404, `code: model_not_found`.
+- a model name other than the one served: 404, `code: model_not_found` (`""` too, as sbd's server refuses
+  it; vLLM alone would serve it). `model` left out or null is the served model, as vLLM takes it
+  (`BaseServing._is_model_supported`, vllm/entrypoints/serve/engine/serving.py:86 in 0.32) and sbd's server.
 
 vLLM's own validation runs after these. Only POST /v1/completions and /v1/chat/completions bodies that
 parse as a JSON object are checked; with an API key, only requests that carry it (the others reach vLLM's
