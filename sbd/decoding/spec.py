@@ -132,18 +132,10 @@ class DecodeSpec:
 
     def reads(self) -> dict:
         """The settings this spec's decoding reads, for summaries: the method, and of block_size, gamma,
-        proxy and anchor only those its method reads (the EB rule's gamma and proxy: method sbd unless a
-        fixed reveal schedule replaces it, sbd-verify with draft "eb"); sbd-verify's drafting is `settings`."""
-        eb = ((self.method == "sbd" and self.reveal_per_forward is None)
-              or (self.method == "sbd-verify" and self.draft == "eb"))
-        read = {"method": self.method}
-        if self.method != "ntp":
-            read["block_size"] = self.block_size
-        if eb:
-            read.update(gamma=self.gamma, proxy=self.proxy)
-        if self.method == "sbd":
-            read["anchor"] = self.anchor
-        return read
+        proxy and anchor those the one table (`reads`) says it reads; sbd-verify's drafting is `settings`."""
+        known = reads(self.method, self.temperature, self.draft, self.lookup, self.reveal_per_forward)
+        return {"method": self.method, **{k: getattr(self, k) for k in ("block_size", "gamma", "proxy", "anchor")
+                                          if k in known}}
 
     @classmethod
     def resolve(cls, model, *, defaults: VerifySettings | None = None, interface: str = "python",
