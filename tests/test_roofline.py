@@ -118,6 +118,20 @@ def test_forward_cost_refuses_a_width_beyond_the_context_naming_it(tmp_path, cap
     assert not (tmp_path / "fc").exists()
 
 
+
+def test_forward_cost_defaults_keep_the_widths_that_fit_and_say_which_they_leave(tmp_path, capsys):
+    """Without --widths, a model with a short context (the demo's 272) still runs: the default widths that
+    do not fit are left out, in one line on stderr; widths given by the user are refused instead (above)."""
+    from sbd.models import tiny
+
+    tiny.create(tmp_path / "m", vocab_size=300, hidden=32, layers=1, heads=2, kv_heads=1, context=272)
+    out = tmp_path / "fc"
+    assert main(["forward-cost", "--model", str(tmp_path / "m"), "--repeats", "1", "--out", str(out),
+                 "--no-progress"]) == 0
+    assert "sbd: default widths 32, 64 left out" in capsys.readouterr().err
+    widths = {r["width"] for r in json.loads((out / "forward_cost.json").read_text())["rows"]}
+    assert widths == {1, 2, 4, 8, 16}
+
 def test_measured_hardware_is_plausible():
     """This machine's matmul FLOP/s and copy bandwidth: positive and below anything a CPU can do."""
     from sbd.benchmarking.hardware import measure_hardware

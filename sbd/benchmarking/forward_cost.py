@@ -156,6 +156,12 @@ class CostRow:
         return asdict(self)
 
 
+def fits(model, width: int, cached: Iterable[int]) -> bool:
+    """Whether `width` new tokens fit over every cached length within the model's context."""
+    limit = context_limit(model)
+    return limit is None or max(cached) + width <= limit
+
+
 def forward_cost_table(model, widths: Iterable[int] = WIDTHS, batches: Iterable[int] = (1,),
                        cached: Iterable[int] = (256,), repeats: int = 10, warmup: int = 2,
                        progress: bool = True, attentions: Iterable[str] = ("auto",),

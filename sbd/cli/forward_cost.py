@@ -33,9 +33,9 @@ def add_forward_cost_parser(sub):
                     "With --hardware, the roofline prediction for the same model shapes is printed and plotted next "
                     "to the measurement. Writes forward_cost.json, forward_cost.md and forward_cost.png to --out.")
     add_model_options(p, "a random-weight Llama with these shapes (time depends on shapes, not weights)")
-    p.add_argument("--widths", type=_argtype(parse_sizes), default=[1, 2, 4, 8, 16, 32, 64], metavar="LIST",
-                   help="new tokens per forward (default: 1,2,4,8,16,32,64); each must fit over every --cached "
-                        "length within the model's context")
+    p.add_argument("--widths", type=_argtype(parse_sizes), default=None, metavar="LIST",
+                   help="new tokens per forward (default: those of 1,2,4,8,16,32,64 that fit over every --cached "
+                        "length within the model's context); each given must fit")
     p.add_argument("--batch-size", type=_argtype(parse_sizes), default=[1], metavar="LIST",
                    help="batch sizes (default: 1)")
     p.add_argument("--cached", type=_argtype(parse_counts), default=[256], metavar="LIST",
@@ -61,7 +61,7 @@ def add_forward_cost_parser(sub):
 def cmd_forward_cost(args) -> dict:
     import torch
 
-    from ..benchmarking.forward_cost import forward_cost_table
+    from ..benchmarking.forward_cost import WIDTHS, fits, forward_cost_table
     from ..benchmarking.report import write_forward_cost
     from ..benchmarking.roofline import ModelShape
     from ..benchmarking.roofline_presets import HARDWARE
@@ -71,7 +71,14 @@ def cmd_forward_cost(args) -> dict:
         torch.set_num_threads(args.threads)
     model = model_from_args(args)[0]
     name = args.shape or str(args.model)
-    rows = forward_cost_table(model, widths=args.widths, batches=args.batch_size, cached=args.cached,
+    widths = args.widths
+    if widths is None:
+        widths = [w for w in WIDTHS if fits(model, w, args.cached)]
+        if len(widths) < len(WIDTHS):
+            left = ", ".join(str(w) for w in WIDTHS if w not in widths)
+            print(f"sbd: default widths {left} left out: they do not fit over {max(args.cached)} cached tokens "
+                  f"within the model's context", file=sys.stderr)
+    rows = forward_cost_table(model, widths=widths, batches=args.batch_size, cached=args.cached,
                               repeats=args.repeats, progress=not args.no_progress, attentions=args.attention,
                               compile=(False, True) if args.compile else (False,))
     predicted = None
