@@ -21,6 +21,13 @@ picks the cheapest exact plan:
   shared: natively on the CPU (its flash kernel takes a mask with `enable_gqa`), by folding each
   head's group of queries into the query length on CUDA (whose masked kernels do not share heads).
 
+- "exact": for a model whose linear layers are row-invariant (quantized weights, `sbd.models.quantized`):
+  each row alone, its committed tokens one at a time, each through the very call a one-token forward at
+  that position makes (same kernel, same keys), a prefill's prompt in one causal call as it runs alone,
+  its block in one call. A verifying forward's committed positions are then bit for bit NTP's one-token
+  forwards, alone or in any batch, so sbd-verify gives NTP's tokens even where two tokens nearly tie. It
+  costs a kernel call per committed token and layer (short on a CPU at batch 1, where drafts are short).
+
 Every plan computes the attention the dense mask describes (tests compare them: `tests/test_attention.py`).
 """
 
@@ -34,17 +41,18 @@ import torch
 import torch.nn.functional as F
 
 NAME = "sbd"  # the attention implementation's name in transformers' registry
-PLANS = ("open", "split", "rows")
+PLANS = ("open", "split", "rows", "exact")
 
 
 @dataclass
 class StepLayout:
     """One forward's attention, per row (the engine's `step_mask` describes the same thing densely).
 
-    plan: "open", "split" or "rows" (module docstring). length/n_commit/width (host ints): the uniform
-    plans' cache length, committed tokens and tokens fed per row. causal_blocks: block tokens see only
+    plan: "open", "split", "rows" or "exact" (module docstring). length/n_commit/width (host ints): the
+    uniform plans' cache length, committed tokens and tokens fed per row. causal_blocks: block tokens see only
     the block tokens up to themselves. mask: the "rows" plan's (B, 1, W, S) bool mask (True = may attend),
-    or its (B, 1, g·W, S) additive form with each head's g queries folded in (`fold`)."""
+    or its (B, 1, g·W, S) additive form with each head's g queries folded in (`fold`). rows: the "exact"
+    plan's (cache length, tokens fed, committed, prefill) per row (host ints; columns right-aligned)."""
 
     plan: str
     length: int = 0
@@ -54,6 +62,7 @@ class StepLayout:
     mask: torch.Tensor | None = None
     fold: int = 1
     flash: bool = False  # causal parts through CUDA's flash kernel, lower-right (`flash_causal`)
+    rows: list | None = None
 
 
 def supports(model) -> bool:
@@ -103,6 +112,11 @@ def uniform_plan(length: int, n_commit: int, width: int, causal_blocks: bool, fl
     return layout
 
 
+def exact_plan(rows: list[tuple[int, int, int, bool]], width: int, causal_blocks: bool) -> StepLayout:
+    """The "exact" plan: per row (cache length, tokens fed, committed tokens, prefill)."""
+    return StepLayout("exact", width=width, causal_blocks=causal_blocks, rows=rows)
+
+
 def rows_plan(mask: torch.Tensor, fold: int, dtype: torch.dtype) -> StepLayout:
     """The plan for a per-row bool mask (B, 1, W, S). fold > 1 (CUDA with grouped-query attention):
     the mask is laid out for queries folded by head group, additive in `dtype`, once for all layers."""
@@ -138,8 +152,36 @@ def _lower_right(q, k, v, scale, flash: bool):
     return _sdpa(q, k, v, scale, mask)
 
 
+def _exact(q, k, v, layout: StepLayout, scale) -> torch.Tensor:
+    """The "exact" plan: every row alone; a committed token through the call a one-token forward at its
+    position makes (one query over the keys up to itself), a prefill's prompt in one causal call, the block
+    in one call. Padding columns attend to nothing and give zeros (nobody reads them)."""
+    out = torch.zeros_like(q)
+    width = q.shape[2]
+    for b, (length, n, c, prefill) in enumerate(layout.rows):
+        first = width - n
+        qb, kb, vb = q[b : b + 1], k[b : b + 1], v[b : b + 1]
+        if prefill and c:
+            end = length + c
+            out[b : b + 1, :, first : first + c] = _lower_right(qb[:, :, first : first + c], kb[:, :, :end],
+                                                                vb[:, :, :end], scale, False)
+        else:
+            for t in range(c):
+                end = length + t + 1
+                col = first + t
+                out[b : b + 1, :, col : col + 1] = _sdpa(qb[:, :, col : col + 1], kb[:, :, :end], vb[:, :, :end], scale)
+        if c < n:
+            end = length + n
+            block = qb[:, :, first + c :]
+            out[b : b + 1, :, first + c :] = (_lower_right(block, kb[:, :, :end], vb[:, :, :end], scale, False)
+                                              if layout.causal_blocks else _sdpa(block, kb[:, :, :end], vb[:, :, :end], scale))
+    return out
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: StepLayout, scale: float | None) -> torch.Tensor:
     """Attention output (B, H, W, D) of queries (B, H, W, D) over keys/values (B, Hkv, S, D) per `layout`."""
+    if layout.plan == "exact":
+        return _exact(q, k, v, layout, scale)
     if layout.plan == "rows":
         if layout.fold == 1:
             return _sdpa(q, k, v, scale, layout.mask)

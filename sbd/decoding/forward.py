@@ -24,7 +24,9 @@ from ..drafters.sampler_head import capture_output_input, head_of
 from ..masks import tree_mask
 from ..models.cache_arg import cache_name
 from ..models.narrow_linear import uses_narrow_linear
-from .attention import StepLayout, flash_causal, fold_for, head_groups, routed, rows_plan, supports, uniform_plan
+from ..models.quantized import row_invariant
+from .attention import (StepLayout, exact_plan, flash_causal, fold_for, head_groups, routed, rows_plan, supports,
+                        uniform_plan)
 
 
 @dataclass
@@ -119,7 +121,7 @@ class StepInputs:
 
     @property
     def plan(self) -> str:
-        """The attention plan taken: "open", "split", "rows" (`sbd.decoding.attention`), or "dense"."""
+        """The attention plan taken: "open", "split", "rows", "exact" (`sbd.decoding.attention`), or "dense"."""
         return self.layout.plan if self.layout is not None else "dense"
 
 
@@ -142,6 +144,9 @@ class ModelForward:
         self.fold = fold_for(self.device, head_groups(model)) if self.routed else 1
         self.flash = self.routed and flash_causal(model)
         self.narrow = uses_narrow_linear(model)  # part of what a forward's time depends on (`shape`)
+        # row-invariant linear layers (quantized weights): attention per committed token, so that a wide
+        # forward's committed positions are bitwise NTP's one-token forwards ("exact" plan)
+        self.exact = self.routed and row_invariant(model)
 
     @functools.cached_property
     def shape(self) -> tuple[str, ...]:
@@ -153,7 +158,8 @@ class ModelForward:
         gpu = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else ""
         rank = self.adapter.config.r if self.adapter is not None else 0
         return (json.dumps(config, sort_keys=True, default=str), str(self.dtype), str(self.device), gpu,
-                str(self.narrow), str(rank), "routed" if self.routed else "dense")
+                str(self.narrow), str(rank), "exact" if self.exact else "routed" if self.routed else "dense",
+                str(getattr(self.model.config, "sbd_weights", None)))
 
     def inputs(self, feeds: list[Feed], lengths: list[int], width: int, visible: int, *, static: bool = False,
                causal_blocks: bool = False, observed: bool = False) -> StepInputs:
@@ -169,14 +175,20 @@ class ModelForward:
         c = torch.tensor([f.n_commit for f in feeds], dtype=torch.long, device=dev)
         j = columns(n, width)
         pos = (L[:, None] + j).clamp_min(0)
-        uniform = (self.routed and not static and len(set(lengths)) == 1 and min(real) == width
+        exact = self.exact and not static
+        if exact and any(f.parents is not None for f in feeds):
+            raise ValueError("tree feeds have no exact attention plan (DecodeSpec refuses trees on quantized weights)")
+        uniform = (self.routed and not static and not exact and len(set(lengths)) == 1 and min(real) == width
                    and len({f.n_commit for f in feeds}) == 1 and all(f.parents is None for f in feeds))
         mask = None
-        if not uniform or observed:
+        if (not uniform and not exact) or observed:
             mask = step_mask(L, n, c, width, visible, j, causal_blocks)
             tree_layout(mask, pos, feeds, lengths)
         layout = None
-        if self.routed:
+        if exact:  # a feed without logits is a prefill (`Row.feed`): its prompt attends in one causal call
+            layout = exact_plan([(length, len(f.tokens), f.n_commit, f.n_logits == 0)
+                                 for length, f in zip(lengths, feeds)], width, causal_blocks)
+        elif self.routed:
             layout = (uniform_plan(lengths[0], feeds[0].n_commit, width, causal_blocks, self.flash, dev) if uniform
                       else rows_plan(mask, self.fold, self.dtype))
         write_at = L[:, None] + torch.where(j >= 0, j, j + width)  # padding writes after the row's real tokens

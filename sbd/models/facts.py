@@ -15,6 +15,7 @@ import torch
 
 from ..drafters.adapter import adapter_of
 from ..errors import SBDError
+from .quantized import weights_format
 
 FALLBACK_BLOCK = 16  # the block size of a model whose drafter records none
 
@@ -85,6 +86,7 @@ class ModelFacts:
     block_size: int
     eos_ids: tuple[int, ...]
     device: torch.device
+    weights: str | None = None  # "int8"/"int4" when quantized (`sbd.models.quantized`): row-invariant layers
 
     @classmethod
     def of(cls, model, tokenizer=None) -> "ModelFacts":
@@ -92,7 +94,7 @@ class ModelFacts:
         mask_id = getattr(model.config, "sbd_mask_token_id", None)
         return cls(context=context_limit(model), vocab=int(embeddings.num_embeddings), mask_id=mask_id,
                    block_size=default_block_size(model), eos_ids=tuple(default_eos_ids(model, tokenizer)),
-                   device=embeddings.weight.device)
+                   device=embeddings.weight.device, weights=weights_format(model))
 
     def end_ids(self, given=None) -> tuple[int, ...]:
         """The end tokens a call decodes with: `given` (a caller's `eos_token_ids`, each a token id of this

@@ -135,7 +135,7 @@ def resolve_paths(path, adapter=None) -> tuple[Path, Path | None]:
 
 def load(path, *, adapter=None, device: str | None = None, dtype: torch.dtype | None = None,
          trust_remote_code: bool = False, probe: bool = True, narrow_linear: bool | None = None,
-         sampler_head: bool = True, weights: bool = True):
+         sampler_head: bool = True, weights: bool | str = True):
     """(model, tokenizer) from a local model directory, with SDPA attention, in eval mode.
 
     "demo" and "demo-ntp" name the models shipped with the package (SBD-trained and NTP-trained);
@@ -151,6 +151,10 @@ def load(path, *, adapter=None, device: str | None = None, dtype: torch.dtype | 
     sampler_head: attach the sampler head saved in the adapter's folder, if it holds one
     (`sbd.drafters.sampler_head`: sbd-verify's drafts then see each other); False leaves it off (drafts as the
     masks alone make them). Either way the output of sbd-verify is the model's own.
+    weights="int8" / "int4": the linear layers quantized, weight-only, on torch's CPU kernels
+    (`sbd.models.quantized`: int8 per output row, int4 in groups of 32; the output layer int8; the drafter,
+    activations and KV cache stay float): a batch-1 forward reads a quarter to a sixth of float32's bytes,
+    and sbd-verify stays exactly NTP's tokens of these weights (attention per committed token).
     weights=False: the model's shape on the meta device, without its weights (its drafter attached): what
     its config, tokenizer and drafter say, in seconds, for checks before the real load happens elsewhere
     (`sbd serve --replicas` checks its options so, and each replica loads the model itself). It cannot run.
@@ -162,7 +166,14 @@ def load(path, *, adapter=None, device: str | None = None, dtype: torch.dtype | 
     from ..drafters import sampler_head as heads
     from . import narrow_linear as narrow
 
+    from .quantized import FORMATS, quantize
+
+    if isinstance(weights, str) and weights not in FORMATS:
+        raise SBDError(f"weights={weights!r}: give True (as stored), False (shape only) or a quantized format: "
+                       f"{', '.join(FORMATS)}")
     device = check_device(device or "cpu")
+    if isinstance(weights, str) and device != "cpu":
+        raise SBDError(f"weights={weights!r} runs on a CPU only so far (device {device!r})")
     path, adapter = resolve_paths(path, adapter)
     _check_model_dir(path)
     device = device or "cpu"
@@ -205,4 +216,6 @@ def load(path, *, adapter=None, device: str | None = None, dtype: torch.dtype | 
     narrow.use_narrow_linear(model, bool(narrow_linear))
     if probe:
         probe_model(model)
+    if isinstance(weights, str):
+        quantize(model, weights)
     return model, tokenizer

@@ -1,0 +1,159 @@
+"""Weight-only quantized linear layers on PyTorch's own CPU kernels: int8 per output channel, int4 in groups.
+
+Why: at batch 1 a forward reads every weight once, so its time follows the weights' bytes. SmolLM2-135M in
+float32 reads 538 MB per forward; with int4 layers and an int8 output layer 95 MB. On a 2-core EPYC a
+whole one-token forward took 22.2 ms in float32 and 11.4 ms with int4 layers
+(benchmarks/results/quantized_linear/results.md, which also compares torchao: its CPU int4 is a prototype
+over the same kernel, and its int8 path reconverts the weight on every eager call).
+
+How: `torch._weight_int8pack_mm` (int8 weight [N, K], one scale per output row) and
+`torch._weight_int4pack_mm_for_cpu` (4-bit values q in groups of 32 along K, w = (q - 8)·scale + zero per
+group and row). Both are private ops of torch: `check_kernels` runs each once on a small product before a
+model is quantized, so a torch without them is refused in one line rather than failing mid-decoding.
+Activations enter in bfloat16 (the kernels' fast path; float32 activations take a scalar loop 20-50x
+slower) and the output is widened back to the model's dtype; everything outside the linear layers
+stays as loaded.
+
+Exactness: both kernels are row-invariant, i.e. row i of a many-row product is bit for bit the product
+of row i alone. With attention computed per committed token (the "exact" plan of
+`sbd.decoding.attention`), a verifying forward's committed positions are then bitwise the one-token
+forwards of NTP decoding, so sbd-verify gives NTP's tokens of the same weights even where two tokens
+nearly tie (tests/test_quantized.py). Float32 matrix products are not row-invariant; there, equal tokens
+rest on the rounding being far smaller than the logits' gaps.
+
+int4 needs the output size to be a multiple of 16 and the input size of the group; a layer that is not
+(e.g. an output layer of 49,153 rows) takes int8. The output layer is always int8: its rows are the
+vocabulary, and a drafting model's added mask token rarely leaves it a multiple of 16.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..errors import SBDError
+
+FORMATS = ("int8", "int4")
+GROUP = 32  # int4 values per scale (a GGUF Q4_1 block holds 32)
+INT4_ROWS = 16  # the int4 kernel packs output rows by 16
+
+
+class QuantizedLinear(nn.Module):
+    """A linear layer whose weight is int8 (per output row) or int4 (groups of `group` along the input)."""
+
+    def __init__(self, in_features: int, out_features: int, fmt: str, group: int = GROUP):
+        super().__init__()
+        self.in_features, self.out_features, self.fmt, self.group = in_features, out_features, fmt, group
+        self.bias = None
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, fmt: str, group: int = GROUP) -> "QuantizedLinear":
+        w = linear.weight.detach().float()
+        n, k = w.shape
+        if fmt == "int4" and (n % INT4_ROWS or k % group):
+            fmt = "int8"
+        q = cls(k, n, fmt, group)
+        if fmt == "int8":
+            scale = w.abs().amax(1).clamp_min(torch.finfo(torch.float32).tiny) / 127
+            q.register_buffer("qweight", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
+            q.register_buffer("scales", scale.to(torch.bfloat16))
+        else:
+            g = w.reshape(n, k // group, group)
+            lo, hi = g.amin(-1), g.amax(-1)
+            scale = ((hi - lo) / 15).clamp_min(torch.finfo(torch.float32).tiny)
+            values = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32)
+            q.register_buffer("qweight", torch._convert_weight_to_int4pack_for_cpu(values.reshape(n, k), 1))
+            # w = (q - 8)·scale + zero with zero = lo + 8·scale: (K/group, N, 2)
+            q.register_buffer("scale_zero", torch.stack([scale, lo + 8 * scale], -1).transpose(0, 1)
+                              .contiguous().to(torch.bfloat16))
+        if linear.bias is not None:
+            q.bias = nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
+        return q
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes a forward reads for this layer's weight (values and scales)."""
+        return sum(b.numel() * b.element_size() for name, b in self.named_buffers())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        if self.fmt == "int8":
+            y = torch._weight_int8pack_mm(flat, self.qweight, self.scales)
+        else:
+            y = torch._weight_int4pack_mm_for_cpu(flat, self.qweight, self.group, self.scale_zero)
+        y = y.to(x.dtype)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.fmt}" + (
+            f", group={self.group}" if self.fmt == "int4" else "")
+
+
+def check_kernels() -> None:
+    """SBDError in one line when this torch lacks the CPU kernels (private ops) or they compute wrong."""
+    try:
+        x = torch.randn(2, 64, generator=torch.Generator().manual_seed(0))
+        lin = nn.Linear(64, 16, bias=False)
+        for fmt in FORMATS:
+            got = QuantizedLinear.from_linear(lin, fmt)(x)
+            if not torch.allclose(got, x @ lin.weight.t(), atol=0.1, rtol=0.05):
+                raise RuntimeError(f"{fmt} products are off by {(got - x @ lin.weight.t()).abs().max():.3g}")
+    except (AttributeError, RuntimeError, NotImplementedError) as err:
+        raise SBDError(f"quantized weights need torch's weight-only int8/int4 CPU kernels, which torch "
+                       f"{torch.__version__} does not run here ({str(err).splitlines()[0][:120]}); load the model "
+                       f"without weights=\"int8\"/\"int4\"") from None
+
+
+def quantize(model, fmt: str, group: int = GROUP) -> dict[str, str]:
+    """Replace `model`'s linear layers (the output layer with int8; a drafter's stay float) in place by
+    quantized ones; returns
+    {layer name: format}. Forward hooks on a layer (a drafting adapter's) stay attached: each module keeps
+    its identity and takes the quantized class. CPU only: CUDA has its own kernels for these formats."""
+    if fmt not in FORMATS:
+        raise SBDError(f"weights={fmt!r}: quantized formats are {', '.join(FORMATS)}")
+    device = model.get_input_embeddings().weight.device
+    if device.type != "cpu":
+        raise SBDError(f"weights={fmt!r} runs on a CPU only so far (the model is on {device.type})")
+    check_kernels()
+    from ..drafters.adapter import adapter_of
+    from ..drafters.sampler_head import head_of
+
+    drafters = {id(m) for d in (adapter_of(model), head_of(model)) if d is not None for m in d.modules()}
+    head = model.get_output_embeddings()
+    done = {}
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) and id(module) not in drafters:  # a drafter's layers stay float
+            q = QuantizedLinear.from_linear(module, "int8" if module is head else fmt, group)
+            hooks = (module._forward_hooks, module._forward_pre_hooks)
+            module.__class__ = QuantizedLinear  # the same object: hooks and references stay
+            del module.weight
+            if "bias" in module._parameters:
+                del module.bias
+            module.__dict__.update({k: v for k, v in q.__dict__.items()
+                                    if k not in ("_forward_hooks", "_forward_pre_hooks")})
+            module._forward_hooks, module._forward_pre_hooks = hooks
+            done[name] = module.fmt
+    model.config.sbd_weights = fmt
+    return done
+
+
+def weights_format(model) -> str | None:
+    """"int8"/"int4" when `quantize` made every linear layer of `model` quantized, else None."""
+    fmt = getattr(getattr(model, "config", None), "sbd_weights", None)
+    if fmt not in FORMATS:
+        return None
+    from ..drafters.adapter import adapter_of
+    from ..drafters.sampler_head import head_of
+
+    drafters = {id(m) for d in (adapter_of(model), head_of(model)) if d is not None for m in d.modules()}
+    if any(isinstance(m, nn.Linear) and id(m) not in drafters for m in model.modules()):
+        return None
+    return fmt
+
+
+def row_invariant(model) -> bool:
+    """Whether each row of every linear layer's product is bitwise the same whatever the other rows (the
+    quantized kernels): then a forward may compute its committed positions as NTP's one-token forwards do."""
+    return weights_format(model) is not None

@@ -1,0 +1,139 @@
+"""Quantized weights (`sbd.load(..., weights="int8"|"int4")`, `sbd.models.quantized`): the layers compute
+what their weights say, each row alone as in any batch, and sbd-verify gives exactly the tokens of sbd's NTP
+decoding of the same quantized weights, alone and batched, on a model whose logits nearly tie (no decisive
+output layer here: with float32 matrix products such a model's wide and one-token forwards pick different
+tokens now and then; the exact attention plan makes them bitwise equal)."""
+
+import pytest
+import torch
+from torch import nn
+
+import sbd
+from sbd.errors import SBDError
+from sbd.models import quantized, tiny
+
+FORMATS = quantized.FORMATS
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_quantized_layer_computes_its_weights_and_each_row_alone(fmt):
+    g = torch.Generator().manual_seed(0)
+    lin = nn.Linear(128, 48, bias=True)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(48, 128, generator=g) * 0.05)
+        lin.bias.copy_(torch.randn(48, generator=g))
+    q = quantized.QuantizedLinear.from_linear(lin, fmt)
+    x = torch.randn(2, 17, 128, generator=g)
+    want = lin(x)
+    got = q(x)
+    assert got.shape == want.shape and got.dtype == want.dtype
+    assert (got - want).abs().max() < 0.05 * want.abs().max()  # bf16 activations and 8/4-bit weights
+    for i in (0, 5, 16):  # row-invariant: a row alone is bit for bit the same row among 34
+        assert torch.equal(q(x[1:2, i : i + 1]), got[1:2, i : i + 1])
+
+
+def test_int4_takes_int8_where_its_kernel_cannot_pack_and_the_output_layer_is_int8():
+    cfg = tiny.tiny_config("llama", vocab_size=300, hidden=64, layers=1, heads=2, kv_heads=1)  # k/v: 32 rows
+    model = tiny.random_model(cfg, seed=1)
+    done = quantized.quantize(model, "int4")
+    assert done["lm_head"] == "int8" and done["model.layers.0.self_attn.q_proj"] == "int4"
+    assert quantized.weights_format(model) == "int4" and quantized.row_invariant(model)
+    assert not any(isinstance(m, nn.Linear) for m in model.modules())
+
+
+def _nearly_tied_model(seed: int = 3):
+    """SmolLM2's attention shapes (head size 64, 9 query and 3 key/value heads) at two layers, an output
+    layer as initialised: logits within a few hundredths of each other, where rounding decides."""
+    cfg = tiny.tiny_config("llama", vocab_size=512, hidden=576, layers=2, heads=9, kv_heads=3, context=1024)
+    model = tiny.random_model(cfg, seed=seed)
+    model.config.sbd_mask_token_id = 511
+    return model
+
+
+def _looping_prompts(n: int, vocab: int, seed: int) -> list[list[int]]:
+    """Prompts that repeat a random phrase, so that prompt lookup drafts and the drafts are accepted."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        phrase = torch.randint(0, vocab - 1, (int(torch.randint(3, 7, (1,), generator=g)),), generator=g).tolist()
+        out.append((phrase * 40)[: int(torch.randint(150, 220, (1,), generator=g))])
+    return out
+
+
+def _committed_logits(model, prompt, **kw) -> tuple[list[int], dict]:
+    """(tokens, {cache position: (next-token logits computed there, whether in a forward wider than one
+    token)}) for every committed position of one prompt's decoding (observer records; rows right-aligned)."""
+    seen = {}
+
+    def observe(r):
+        keep = r.logits.shape[1]
+        for t in range(r.commits[0]):
+            if keep - r.reals[0] + t >= 0:
+                seen[r.lengths[0] + t] = (r.logits[0, keep - r.reals[0] + t].clone(), r.reals[0] > 1)
+
+    return sbd.generate(model, None, [prompt], observer=observe, **kw).token_ids[0], seen
+
+
+def _compare(model, prompts, **kw) -> tuple[int, int, bool]:
+    """(positions compared, of them computed in wide forwards, all bitwise equal): sbd-verify's committed
+    positions against NTP's one-token forwards at the same positions of the same prompts, each alone."""
+    compared = wide = 0
+    equal = True
+    for p in prompts:
+        ntp_tokens, ntp = _committed_logits(model, p, method="ntp", **kw)
+        ver_tokens, ver = _committed_logits(model, p, method="sbd-verify", block_size=4, lookup=True, **kw)
+        for pos, (logits, is_wide) in ver.items():
+            if pos in ntp:
+                compared += 1
+                wide += is_wide
+                equal &= torch.equal(logits, ntp[pos][0])
+    return compared, wide, equal
+
+
+KW = dict(max_new_tokens=40, eos_token_ids=[])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_sbd_verify_computes_ntps_logits_bit_for_bit_and_gives_its_tokens_alone_and_batched(fmt):
+    model = _nearly_tied_model()
+    quantized.quantize(model, fmt)
+    prompts = _looping_prompts(3, 512, seed=7)
+    compared, wide, equal = _compare(model, prompts, **KW)
+    assert equal and wide >= 20, (compared, wide)
+    assert [sbd.generate(model, None, [p], method="sbd-verify", block_size=4, lookup=True, **KW).token_ids[0]
+            for p in prompts] == [sbd.generate(model, None, [p], method="ntp", **KW).token_ids[0] for p in prompts]
+    ntp = sbd.generate(model, None, prompts, method="ntp", **KW)
+    for draft in ("block", "adaptive"):
+        batched = sbd.generate(model, None, prompts, method="sbd-verify", block_size=4, draft=draft, lookup=True, **KW)
+        assert batched.token_ids == ntp.token_ids
+    assert [sbd.generate(model, None, [p], method="ntp", **KW).token_ids[0] for p in prompts] == ntp.token_ids
+
+
+def test_without_the_exact_plan_the_logits_differ(monkeypatch):
+    """The check above can fail: with the masked attention plans a wide forward's committed positions are
+    not bitwise the one-token forwards (float32 matrix products of attention depend on how many rows)."""
+    import sbd.decoding.forward as forward
+
+    monkeypatch.setattr(forward, "row_invariant", lambda model: False)
+    model = _nearly_tied_model()
+    quantized.quantize(model, "int8")
+    compared, wide, equal = _compare(model, _looping_prompts(3, 512, seed=7), **KW)
+    assert wide >= 20 and not equal
+
+
+def test_load_takes_a_quantized_format_and_refuses_others():
+    model, tok = sbd.load("demo", weights="int8")
+    assert quantized.weights_format(model) == "int8"
+    out = sbd.generate(model, tok, ["Add up: 12 + 7 - 3 + 45\n"], max_new_tokens=24)
+    assert out.token_ids == sbd.generate(model, tok, ["Add up: 12 + 7 - 3 + 45\n"], method="ntp",
+                                         max_new_tokens=24).token_ids
+    with pytest.raises(SBDError, match="int8, int4"):
+        sbd.load("demo", weights="int3")
+
+
+@pytest.mark.parametrize("setting", [{"compile": True}, {"static_shapes": True}, {"tree": (2, 2)}])
+def test_what_has_no_exact_attention_on_quantized_weights_is_refused_naming_it(setting):
+    model, tok = sbd.load("demo", weights="int4")
+    name = next(iter(setting))
+    with pytest.raises(SBDError, match=f"{name}.*not supported on int4 weights"):
+        sbd.generate(model, tok, ["Add up: 1 + 2\n"], max_new_tokens=8, **setting)
