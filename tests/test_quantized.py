@@ -137,3 +137,14 @@ def test_what_has_no_exact_attention_on_quantized_weights_is_refused_naming_it(s
     name = next(iter(setting))
     with pytest.raises(SBDError, match=f"{name}.*not supported on int4 weights"):
         sbd.generate(model, tok, ["Add up: 1 + 2\n"], max_new_tokens=8, **setting)
+
+
+def test_the_command_line_loads_quantized_weights_and_says_so(capsys):
+    from sbd.cli.main import main
+
+    assert main(["generate", "--model", "demo", "--weights", "int4", "--max-new-tokens", "8", "Add up: 1 + 2"]) == 0
+    err = capsys.readouterr().err
+    assert "weights" in err and "int4" in err
+    with pytest.raises(SystemExit) as stop:  # argparse: a usage line and one error line
+        main(["generate", "--model", "demo", "--weights", "int3", "x"])
+    assert stop.value.code == 2

@@ -7,6 +7,7 @@ import sys
 
 from .. import interrupts
 from ..errors import SBDError
+from .args import add_weights_option, weights_arg
 from .args import gamma_value as _gamma
 from .args import positive_int as _positive
 from .bench import add_bench_parser, cmd_bench
@@ -78,6 +79,7 @@ def _add_generate(sub) -> None:
     p.add_argument("--chat", action="store_true",
                    help="put each prompt through the tokenizer's chat template as a user message (instruct models)")
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    add_weights_option(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -101,8 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _stats(result) -> dict:
+def _stats(result, weights: str = "float") -> dict:
     stats = {
+        "weights": weights,
         "NFE": sum(result.nfe),
         "tokens": result.num_tokens,
         "tokens/forward": f"{result.tokens_per_forward:.2f}",
@@ -156,7 +159,7 @@ def cmd_generate(args) -> None:
     from ..models.loading import load
 
     _unread_options(args)  # settings nothing would read: refused before the model loads
-    model, tokenizer = load(args.model, device=args.device)
+    model, tokenizer = load(args.model, device=args.device, weights=weights_arg(args))
     from ..decoding.generate import check_context, encode_prompts
 
     # the user's budget is checked before the short warm-up calls, so an error names the user's numbers
@@ -201,7 +204,7 @@ def cmd_generate(args) -> None:
             if labelled:
                 print(f"--- {method}")
             print(r.texts[i], flush=True)
-    stats = {m.upper(): _stats(r) for m, r in results.items()}
+    stats = {m.upper(): _stats(r, args.weights) for m, r in results.items()}
     if len(args.prompts) > 1:
         for s, r in zip(stats.values(), results.values()):
             s["NFE per prompt"] = ", ".join(map(str, r.nfe))

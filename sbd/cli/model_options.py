@@ -10,6 +10,9 @@ NARROW_HELP = ("linear layers of few-token forwards as W·xᵀ (on) or as torch'
                "on CPU, as sbd.load does (see sbd.models.narrow_linear)")
 
 
+from .args import add_weights_option, weights_arg
+
+
 def add_model_options(p, shape_help: str, narrow_choices=("auto", "on", "off"), narrow_help: str = NARROW_HELP) -> None:
     from ..benchmarking.presets import SHAPES
 
@@ -20,6 +23,7 @@ def add_model_options(p, shape_help: str, narrow_choices=("auto", "on", "off"), 
     p.add_argument("--dtype", choices=DTYPES, default=None,
                    help="weights and compute dtype (default: float32 on CPU, the checkpoint's or bfloat16 elsewhere)")
     p.add_argument("--narrow-linear", choices=narrow_choices, default="auto", help=narrow_help)
+    add_weights_option(p)
 
 
 def model_from_args(args):
@@ -42,7 +46,7 @@ def model_from_args(args):
         return model, None
     from ..models.loading import load
 
-    return load(args.model, device=args.device, dtype=dtype, narrow_linear=_narrow(args))
+    return load(args.model, device=args.device, dtype=dtype, narrow_linear=_narrow(args), weights=weights_arg(args))
 
 
 def _narrow(args) -> bool | None:

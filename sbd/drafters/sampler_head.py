@@ -223,7 +223,8 @@ def draft_table(head: SamplerHead, model, hidden: torch.Tensor, logits: torch.Te
     w1h, w1e = head.up.weight[:, : h.shape[-1]], head.up.weight[:, h.shape[-1]:]
     # the model's tables may be in another dtype than the head (vLLM serves bfloat16 weights by default)
     pre = F.linear(h, w1h, head.up.bias)[:, None] + F.linear(F.embedding(prev, table).to(h.dtype), w1e)  # (m, K, width)
-    out_w = model.get_output_embeddings().weight[cand].float()               # (m, K, H) candidate rows
+    out = model.get_output_embeddings()  # a quantized output layer gives its rows dequantized (`rows`)
+    out_w = (out.rows(cand) if hasattr(out, "rows") else out.weight[cand]).float()  # (m, K, H) candidate rows
     if head.carry is None:
         delta = F.linear(F.silu(pre), head.down.weight)                      # (m, K, H) for each previous j
         scores = base[:, None, :] + torch.einsum("mjh,mch->mjc", delta.float(), out_w)  # (m, K_prev, K)

@@ -75,6 +75,13 @@ class QuantizedLinear(nn.Module):
         """Bytes a forward reads for this layer's weight (values and scales)."""
         return sum(b.numel() * b.element_size() for name, b in self.named_buffers())
 
+    def rows(self, index: torch.Tensor) -> torch.Tensor:
+        """Rows of the weight, dequantized (float32), at `index` (any shape): the sampler head reads the
+        output layer's rows of its candidate tokens. int8 only (an output layer is always int8)."""
+        if self.fmt != "int8":
+            raise NotImplementedError("rows of an int4 layer are packed for its kernel")
+        return self.qweight[index].float() * self.scales[index].float()[..., None]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, self.in_features).to(torch.bfloat16)
         if self.fmt == "int8":

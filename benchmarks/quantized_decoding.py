@@ -1,0 +1,92 @@
+"""SmolLM2-135M-Instruct with its shipped drafter in float32, int8 and int4 weights (`sbd.load(weights=...)`):
+NTP and sbd-verify's defaults, batch 1, greedy, the same chat prompts, every (format, method) pair taking
+turns prompt by prompt in one process after a warm-up call each.
+
+    python benchmarks/quantized_decoding.py --n 8 --max-new-tokens 96 --out benchmarks/results/quantized_decoding
+
+Reports tokens/s (median over prompts of tokens / seconds, and total tokens / total seconds), tokens per
+forward, whether sbd-verify gave exactly NTP's tokens of the same weights (the promise), and how many answers
+each format shares with float32 NTP (what quantization does to answers). Writes results.md."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+
+FORMATS = ("float32", "int8", "int4")
+PROMPTS = ["What is 7 * 8? Explain.", "Write a python function that adds two numbers.",
+           "Name three colours and say why the sky is blue.",
+           "A train leaves at 3 pm and rides 2 hours. When does it arrive?",
+           "Write a haiku about the sea.", "List the planets of the solar system in order.",
+           "Explain what a prime number is, with an example.", "Translate 'good morning' into French and Spanish.",
+           "Sort these numbers: 5, 3, 9, 1, 4.", "What is the capital of Italy, and what is it known for?"]
+
+
+def machine() -> str:
+    try:
+        names = [ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")]
+        return f"{names[0]} ({len(names)} logical CPUs)"
+    except (OSError, IndexError):
+        return "unknown CPU"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, default=8, help="prompts (up to 10)")
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+
+    import torch
+
+    import sbd
+
+    torch.set_num_threads(args.threads)
+    warnings.simplefilter("ignore")
+    prompts = PROMPTS[: args.n]
+    models = {fmt: sbd.load("smollm2", **({} if fmt == "float32" else {"weights": fmt})) for fmt in FORMATS}
+    configs = [(fmt, method) for fmt in FORMATS for method in ("ntp", "sbd-verify")]
+
+    def run(fmt, method, prompt):
+        model, tok = models[fmt]
+        return sbd.generate(model, tok, [prompt], method=method, max_new_tokens=args.max_new_tokens, chat=True)
+
+    for fmt, method in configs:  # warm-up (and the forward-cost table of each format, timed once)
+        run(fmt, method, prompts[0])
+    out = {c: [] for c in configs}
+    for i, p in enumerate(prompts):
+        for c in configs:
+            out[c].append(run(*c, p))
+        print(f"prompt {i + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
+    ref = [r.token_ids[0] for r in out[("float32", "ntp")]]
+    lines = [f"# Quantized weights: SmolLM2-135M-Instruct + shipped drafter, NTP vs sbd-verify", "",
+             f"Command: `python benchmarks/quantized_decoding.py --n {args.n} --max-new-tokens {args.max_new_tokens} "
+             f"--out {args.out}`  ",
+             f"Machine: {machine()}, {args.threads} threads, torch {torch.__version__}, "
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  ",
+             f"{len(prompts)} chat prompts, batch 1, greedy, up to {args.max_new_tokens} new tokens; the six "
+             f"configurations in turns per prompt after a warm-up call each.", "",
+             "| weights | decoding | median tokens/s | tokens/s (total) | tokens per forward | sbd-verify = NTP of these weights | same answer as float32 NTP |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for fmt, method in configs:
+        runs = out[(fmt, method)]
+        tokens = sum(r.num_tokens for r in runs)
+        seconds = sum(r.seconds for r in runs)
+        nfe = sum(sum(r.nfe) for r in runs)
+        same_ntp = "–" if method == "ntp" else \
+            f"{sum(a.token_ids == b.token_ids for a, b in zip(runs, out[(fmt, 'ntp')]))}/{len(runs)}"
+        same_fp32 = sum(r.token_ids[0] == t for r, t in zip(runs, ref))
+        lines.append(f"| {fmt} | {method} | {statistics.median(r.num_tokens / r.seconds for r in runs):.1f} | "
+                     f"{tokens / seconds:.1f} | {tokens / nfe:.2f} | {same_ntp} | {same_fp32}/{len(runs)} |")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
