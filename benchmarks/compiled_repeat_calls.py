@@ -11,24 +11,17 @@ two. Writes results.md (medians per configuration, ms per forward) with the comm
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
 import sys
 import time
 import warnings
 from pathlib import Path
 
+from machine_name import machine
+
 PROMPTS = ["What is 7 * 8? Explain.", "Write a python function that adds two numbers.",
            "Name three colours and say why the sky is blue.", "A train leaves at 3 pm and rides 2 hours. When does it arrive?"]
 CONFIGS = {"eager": {}, "eager, static shapes": {"static_shapes": True}, "compiled": {"compile": True}}
-
-
-def machine() -> str:
-    try:
-        names = [ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")]
-        return f"{names[0]} ({len(names)} logical CPUs)"
-    except (OSError, IndexError):
-        return platform.processor() or platform.machine()
 
 
 def main() -> None:
@@ -66,7 +59,7 @@ def main() -> None:
                 ids = out.token_ids
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     base = statistics.median(run["eager"]["seconds"])
-    lines = [f"# compile=True on repeat calls, SmolLM2-135M-Instruct + shipped adapter (masks alone)", "",
+    lines = ["# compile=True on repeat calls, SmolLM2-135M-Instruct + shipped adapter (masks alone)", "",
              f"Command: `python benchmarks/compiled_repeat_calls.py --rounds {args.rounds} --out {args.out} --name {args.name}`  ",
              f"Machine: {machine()}, {args.threads} threads, torch {torch.__version__}, "
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  ",

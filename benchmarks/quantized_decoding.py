@@ -3,6 +3,11 @@ NTP and sbd-verify's defaults, batch 1, greedy, the same chat prompts, every (fo
 turns prompt by prompt in one process after a warm-up call each.
 
     python benchmarks/quantized_decoding.py --n 8 --max-new-tokens 96 --out benchmarks/results/quantized_decoding
+    python benchmarks/quantized_decoding.py --accuracy 40 --out benchmarks/results/quantized_decoding
+
+--accuracy N instead: N held-out gsm_symbolic questions (bare, through the chat template, 256 tokens), NTP in
+each format (sbd-verify gives the same tokens), final answers scored by reasoning-gym: what each format keeps
+of float32's answers. Writes accuracy.md.
 
 Reports tokens/s (median over prompts of tokens / seconds, and total tokens / total seconds), tokens per
 forward, whether sbd-verify gave exactly NTP's tokens of the same weights (the promise), and how many answers
@@ -17,6 +22,8 @@ import time
 import warnings
 from pathlib import Path
 
+from machine_name import machine
+
 FORMATS = ("float32", "int8", "int4")
 PROMPTS = ["What is 7 * 8? Explain.", "Write a python function that adds two numbers.",
            "Name three colours and say why the sky is blue.",
@@ -26,20 +33,13 @@ PROMPTS = ["What is 7 * 8? Explain.", "Write a python function that adds two num
            "Sort these numbers: 5, 3, 9, 1, 4.", "What is the capital of Italy, and what is it known for?"]
 
 
-def machine() -> str:
-    try:
-        names = [ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")]
-        return f"{names[0]} ({len(names)} logical CPUs)"
-    except (OSError, IndexError):
-        return "unknown CPU"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=8, help="prompts (up to 10)")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--accuracy", type=int, default=0, help="score N held-out gsm_symbolic questions instead")
     args = ap.parse_args()
 
     import torch
@@ -50,6 +50,8 @@ def main() -> None:
     warnings.simplefilter("ignore")
     prompts = PROMPTS[: args.n]
     models = {fmt: sbd.load("smollm2", **({} if fmt == "float32" else {"weights": fmt})) for fmt in FORMATS}
+    if args.accuracy:
+        return accuracy(models, args, torch)
     configs = [(fmt, method) for fmt in FORMATS for method in ("ntp", "sbd-verify")]
 
     def run(fmt, method, prompt):
@@ -64,7 +66,7 @@ def main() -> None:
             out[c].append(run(*c, p))
         print(f"prompt {i + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
     ref = [r.token_ids[0] for r in out[("float32", "ntp")]]
-    lines = [f"# Quantized weights: SmolLM2-135M-Instruct + shipped drafter, NTP vs sbd-verify", "",
+    lines = ["# Quantized weights: SmolLM2-135M-Instruct + shipped drafter, NTP vs sbd-verify", "",
              f"Command: `python benchmarks/quantized_decoding.py --n {args.n} --max-new-tokens {args.max_new_tokens} "
              f"--out {args.out}`  ",
              f"Machine: {machine()}, {args.threads} threads, torch {torch.__version__}, "
@@ -85,6 +87,41 @@ def main() -> None:
                      f"{tokens / seconds:.1f} | {tokens / nfe:.2f} | {same_ntp} | {same_fp32}/{len(runs)} |")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def accuracy(models, args, torch) -> None:
+    import sbd
+    from sbd.tasks.answers import score
+    from sbd.tasks.splits import make_split
+
+    examples = make_split("gsm_symbolic", "test", args.accuracy, 0)
+    right = {fmt: [] for fmt in FORMATS}
+    texts = {fmt: [] for fmt in FORMATS}
+    for i, ex in enumerate(examples):
+        for fmt in FORMATS:
+            model, tok = models[fmt]
+            out = sbd.generate(model, tok, [ex["entry"]["question"]], method="ntp", max_new_tokens=256, chat=True)
+            texts[fmt].append(out.token_ids[0])
+            right[fmt].append(score("gsm_symbolic", ex["entry"], out.texts[0], chat=True) >= 1.0)
+        print(f"question {i + 1}/{len(examples)} done", file=sys.stderr, flush=True)
+    n = len(examples)
+    base = right["float32"]
+    lines = ["# Quantized weights: what they do to SmolLM2-135M-Instruct's final answers", "",
+             f"Command: `python benchmarks/quantized_decoding.py --accuracy {n} --out {args.out}`  ",
+             f"Machine: {machine()}, {args.threads} threads, torch {torch.__version__}, "
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  ",
+             f"{n} held-out gsm_symbolic questions (seed 0), bare, through the chat template, NTP greedy, 256 tokens "
+             "(sbd-verify gives the same tokens of each format: results.md). float32 is the GGUF's Q4_1 weights "
+             "dequantized, as `sbd.load(\"smollm2\")` imports them.", "",
+             "| weights | correct final answers | of float32's correct ones kept | answers token-identical to float32 |",
+             "|---|---:|---:|---:|"]
+    for fmt in FORMATS:
+        kept = sum(a and b for a, b in zip(right[fmt], base))
+        same = sum(a == b for a, b in zip(texts[fmt], texts["float32"]))
+        lines.append(f"| {fmt} | {sum(right[fmt])}/{n} | {kept}/{sum(base)} | {same}/{n} |")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "accuracy.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

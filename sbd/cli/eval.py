@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from ..errors import SBDError
+from .args import add_weights_option, weights_arg
 from .args import positive_int as _positive
 
 NO_GAMMA = ("none", "")  # --gamma none: NTP decoding only (a model without a mask token)
@@ -104,6 +105,7 @@ def add_eval_parser(sub) -> argparse.ArgumentParser:
                    help="skip NTP decoding (faster, but then no speedups can be computed)")
     p.add_argument("--label", default=None, help="model name in the table and plot (default: the folder name)")
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    add_weights_option(p)
     p.add_argument("--threads", type=_positive, default=None,
                    help="torch CPU threads (default: torch's choice); recorded in results.json")
     p.add_argument("--save-outputs", action="store_true", help="also store every generated answer in results.json")
@@ -149,7 +151,7 @@ def cmd_eval(args) -> dict:
         import torch
 
         torch.set_num_threads(args.threads)
-    model, tokenizer = load(args.model, adapter=args.adapter, device=args.device)
+    model, tokenizer = load(args.model, adapter=args.adapter, device=args.device, weights=weights_arg(args))
     start = time.perf_counter()
     rows = evaluate(model, tokenizer, args.task, args.n, args.gamma, block_size=args.block_size,
                     include_ntp=not args.no_ntp, include_verify=args.verify, max_new_tokens=args.max_new_tokens,
