@@ -157,6 +157,14 @@ def test_a_finished_run_is_refused_unless_resume_or_overwrite_says_otherwise(wor
     err = _error(capsys, stopped_argv + ["--resume"])
     assert "no checkpoint" in err and "--overwrite" in err, err
 
+    # a model folder sbd train did not write (a user's own model given as --out): refused, nothing touched
+    foreign = tmp_path / "foreign"
+    shutil.copytree(workdir / "model", foreign)
+    files = {p.name: p.read_bytes() for p in foreign.iterdir() if p.is_file()}
+    err = _error(capsys, [a if a != str(out) else str(foreign) for a in again])
+    assert "holds a model that no sbd train run made" in err, err
+    assert {p.name: p.read_bytes() for p in foreign.iterdir() if p.is_file()} == files
+
 
 def _error(capsys, argv):
     code = main(argv)
