@@ -148,3 +148,18 @@ def test_the_command_line_loads_quantized_weights_and_says_so(capsys):
     with pytest.raises(SystemExit) as stop:  # argparse: a usage line and one error line
         main(["generate", "--model", "demo", "--weights", "int3", "x"])
     assert stop.value.code == 2
+
+
+def test_the_server_names_quantized_weights_and_answers_as_offline():
+    from starlette.testclient import TestClient
+
+    from sbd.serving.app import create_app
+    from sbd.serving.config import ServerConfig
+
+    model, tok = sbd.load("demo", weights="int8")
+    offline = sbd.generate(model, tok, ["Add up: 12 + 7 - 3 + 45\n"], max_new_tokens=16).texts[0]
+    with TestClient(create_app(model, tok, ServerConfig(model_name="demo"))) as http:
+        card = http.get("/v1/models").json()["data"][0]
+        assert card["weights"] == "int8"
+        got = http.post("/v1/completions", json={"prompt": "Add up: 12 + 7 - 3 + 45\n", "max_tokens": 16})
+        assert got.status_code == 200 and got.json()["choices"][0]["text"] == offline

@@ -6,6 +6,7 @@ import os
 import sys
 
 from ..errors import SBDError
+from .args import add_weights_option, weights_arg
 from .args import gamma_value as _gamma
 from .args import port_number as _port
 from .args import positive_int as _positive
@@ -65,6 +66,7 @@ def add_serve_parser(sub) -> None:
                         "variable SBD_API_KEY; none: open to anyone who can reach the port)")
     p.add_argument("--threads", type=_positive, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+    add_weights_option(p)
     p.add_argument("--replicas", type=_positive, default=None,
                    help="run on Ray Serve with this many replicas, each with its own engine (needs ray[serve])")
 
@@ -89,7 +91,7 @@ def _api_key(args) -> str | None:
 
 # options of sbd's own engine, which mean nothing to vLLM's
 SBD_ENGINE_ONLY = ("method", "block_size", "gamma", "draft", "lookup", "lookup_max", "tree", "prefill", "replicas",
-                   "device", "max_queue", "max_tokens", "max_tokens_limit", "max_body_bytes", "max_prompt_tokens")
+                   "device", "weights", "max_queue", "max_tokens", "max_tokens_limit", "max_body_bytes", "max_prompt_tokens")
 
 
 def _vllm_options(args, extra) -> None:
@@ -163,7 +165,8 @@ def cmd_serve(args) -> None:
             print(f"sbd: loading {args.model}…", file=sys.stderr, flush=True)  # a first smollm2 imports its GGUF
         # with --replicas the options are checked against the model's config and drafter without its weights:
         # each replica loads the model itself
-        model, tokenizer = load(args.model, adapter=args.adapter, device=args.device, weights=not args.replicas)
+        model, tokenizer = load(args.model, adapter=args.adapter, device=args.device,
+                                weights=weights_arg(args) if not args.replicas else False)
         config = config_from_args(args, model, tokenizer)
         warn_if_open(args.host, config.api_key)
         if args.replicas:
@@ -172,13 +175,13 @@ def cmd_serve(args) -> None:
             sock.close()  # Ray's proxy binds it itself
             del model, tokenizer
             run_ray(args.model, config, adapter=args.adapter, device=args.device, host=args.host, port=args.port,
-                    threads=args.threads or 1, replicas=args.replicas)
+                    threads=args.threads or 1, replicas=args.replicas, weights=weights_arg(args))
             return
         from ..serving.app import create_app
 
         app = create_app(model, tokenizer, config)
         run(app, sock, f"serving {config.model_name!r} on http://{args.host}:{args.port}/v1 ({config.max_batch} "
-                       f"rows, default method {config.limits.method}"
+                       f"rows, default method {config.limits.method}, {args.weights} weights"
                        f"{', API key required' if config.api_key else ''}); Ctrl-C stops")
     finally:
         sock.close()

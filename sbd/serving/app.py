@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
 from pydantic import ValidationError
 
+from ..models.quantized import weights_format
 from . import errors
 from . import protocol as P
 from .config import ServerConfig
@@ -31,6 +32,7 @@ __all__ = ["ServerConfig", "create_app"]
 def create_app(model, tokenizer, config: ServerConfig | None = None) -> FastAPI:
     """The FastAPI app serving `model`; the engine thread starts and stops with the app's lifespan."""
     server = Server(model, tokenizer, config or ServerConfig())
+    weights = weights_format(model) or str(model.dtype).replace("torch.", "")  # the model card names them
 
     @asynccontextmanager
     async def lifespan(app):
@@ -58,7 +60,7 @@ def create_app(model, tokenizer, config: ServerConfig | None = None) -> FastAPI:
     @app.get("/v1/models")
     async def models():
         return {"object": "list", "data": [{"id": server.config.model_name, "object": "model", "created": 0,
-                                            "owned_by": "sbd"}]}
+                                            "owned_by": "sbd", "weights": weights}]}
 
     def check_model(name: str | None) -> None:
         """`model` left out (None) is the served model, as vLLM's OpenAI server takes it; any other name, ""

@@ -14,9 +14,9 @@ from ..errors import SBDError
 
 
 def application(model: str, *, adapter: str | None = None, config=None, threads: int | None = 1,
-                replicas: int = 1, autoscaling: dict | None = None, device: str = "cpu"):
+                replicas: int = 1, autoscaling: dict | None = None, device: str = "cpu", weights: bool | str = True):
     """A Ray Serve application serving `model` (a folder, demo or smollm2) with `replicas` replicas (or
-    `autoscaling`); `config` is a `ServerConfig` for every replica."""
+    `autoscaling`); `config` is a `ServerConfig` for every replica; `weights` as `sbd.load` takes it."""
     try:
         from ray import serve
     except ImportError:
@@ -36,7 +36,7 @@ def application(model: str, *, adapter: str | None = None, config=None, threads:
 
         if threads:
             torch.set_num_threads(threads)
-        m, tok = load(model, adapter=adapter, device=device)
+        m, tok = load(model, adapter=adapter, device=device, weights=weights)
         return create_app(m, tok, ServerConfig(**fields, limits=Limits(**limits) if limits else None))
 
     options = {"ray_actor_options": {"num_cpus": threads or 1}}
@@ -49,7 +49,7 @@ def application(model: str, *, adapter: str | None = None, config=None, threads:
 
 
 def run_ray(model: str, config, *, adapter: str | None = None, device: str = "cpu", host: str = "127.0.0.1",
-            port: int = 8000, threads: int = 1, replicas: int = 1) -> None:
+            port: int = 8000, threads: int = 1, replicas: int = 1, weights: bool | str = True) -> None:
     """`sbd serve --replicas N`: start Ray locally, run the application, block until Ctrl-C."""
     try:
         import ray
@@ -59,7 +59,8 @@ def run_ray(model: str, config, *, adapter: str | None = None, device: str = "cp
 
     ray.init(include_dashboard=False)
     serve.start(http_options={"host": host, "port": port})
-    app = application(model, adapter=adapter, config=config, threads=threads, replicas=replicas, device=device)
+    app = application(model, adapter=adapter, config=config, threads=threads, replicas=replicas, device=device,
+                      weights=weights)
     print(f"serving {config.model_name!r} on http://{host}:{port}/v1 with {replicas} Ray Serve "
           "replicas; Ctrl-C stops", flush=True)
     serve.run(app, blocking=True)
