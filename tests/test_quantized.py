@@ -165,3 +165,15 @@ def test_the_server_names_quantized_weights_and_answers_as_offline():
         assert card["weights"] == "int8"
         got = http.post("/v1/completions", json={"prompt": "Add up: 12 + 7 - 3 + 45\n", "max_tokens": 16})
         assert got.status_code == 200 and got.json()["choices"][0]["text"] == offline
+
+
+def test_quantize_keeps_biases_and_the_model_close_to_its_float_self():
+    cfg = tiny.tiny_config("qwen2", vocab_size=300, hidden=64, layers=1, heads=2, kv_heads=1)  # q/k/v biases
+    model = tiny.random_model(cfg, seed=1).eval()
+    ids = torch.randint(0, 300, (1, 9), generator=torch.Generator().manual_seed(0), device="cpu")
+    with torch.no_grad():
+        want = model(ids).logits
+        quantized.quantize(model, "int4")
+        got = model(ids).logits
+    assert model.model.layers[0].self_attn.q_proj.bias is not None
+    assert (got - want).abs().max() < 0.15 * want.abs().max()

@@ -44,7 +44,7 @@ class QuantizedLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, fmt: str, group: int = GROUP):
         super().__init__()
         self.in_features, self.out_features, self.fmt, self.group = in_features, out_features, fmt, group
-        self.bias = None
+        self.register_parameter("bias", None)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, fmt: str, group: int = GROUP) -> "QuantizedLinear":
@@ -69,11 +69,6 @@ class QuantizedLinear(nn.Module):
         if linear.bias is not None:
             q.bias = nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
         return q
-
-    @property
-    def weight_bytes(self) -> int:
-        """Bytes a forward reads for this layer's weight (values and scales)."""
-        return sum(b.numel() * b.element_size() for name, b in self.named_buffers())
 
     def rows(self, index: torch.Tensor) -> torch.Tensor:
         """Rows of the weight, dequantized (float32), at `index` (any shape): the sampler head reads the
@@ -115,8 +110,7 @@ def check_kernels() -> None:
 
 def quantize(model, fmt: str, group: int = GROUP) -> dict[str, str]:
     """Replace `model`'s linear layers (the output layer with int8; a drafter's stay float) in place by
-    quantized ones; returns
-    {layer name: format}. Forward hooks on a layer (a drafting adapter's) stay attached: each module keeps
+    quantized ones; returns {layer name: format}. Forward hooks on a layer (a drafting adapter's) stay attached: each module keeps
     its identity and takes the quantized class. CPU only: CUDA has its own kernels for these formats."""
     if fmt not in FORMATS:
         raise SBDError(f"weights={fmt!r}: quantized formats are {', '.join(FORMATS)}")
@@ -124,40 +118,31 @@ def quantize(model, fmt: str, group: int = GROUP) -> dict[str, str]:
     if device.type != "cpu":
         raise SBDError(f"weights={fmt!r} runs on a CPU only so far (the model is on {device.type})")
     check_kernels()
-    from ..drafters.adapter import adapter_of
-    from ..drafters.sampler_head import head_of
-
-    drafters = {id(m) for d in (adapter_of(model), head_of(model)) if d is not None for m in d.modules()}
     head = model.get_output_embeddings()
     done = {}
-    for name, module in model.named_modules():
-        if isinstance(module, nn.Linear) and id(module) not in drafters:  # a drafter's layers stay float
-            q = QuantizedLinear.from_linear(module, "int8" if module is head else fmt, group)
-            hooks = (module._forward_hooks, module._forward_pre_hooks)
-            module.__class__ = QuantizedLinear  # the same object: hooks and references stay
-            del module.weight
-            if "bias" in module._parameters:
-                del module.bias
-            module.__dict__.update({k: v for k, v in q.__dict__.items()
-                                    if k not in ("_forward_hooks", "_forward_pre_hooks")})
-            module._forward_hooks, module._forward_pre_hooks = hooks
-            done[name] = module.fmt
+    for name, module in _base_linears(model):
+        q = QuantizedLinear.from_linear(module, "int8" if module is head else fmt, group)
+        module.__class__ = QuantizedLinear  # the same object: its hooks and every reference to it stay
+        module._parameters, module._buffers = q._parameters, q._buffers  # int values, scales, bias
+        module.fmt, module.group = q.fmt, q.group
+        done[name] = module.fmt
     model.config.sbd_weights = fmt
     return done
 
 
 def weights_format(model) -> str | None:
     """"int8"/"int4" when `quantize` made every linear layer of `model` quantized, else None."""
-    fmt = getattr(getattr(model, "config", None), "sbd_weights", None)
-    if fmt not in FORMATS:
-        return None
+    fmt = getattr(getattr(model, "config", None), "sbd_weights", None)  # a saved config may say so of float layers
+    return fmt if fmt in FORMATS and not _base_linears(model) else None
+
+
+def _base_linears(model) -> list[tuple[str, nn.Linear]]:
+    """The base model's float linear layers (a drafter's own layers are not the base model's)."""
     from ..drafters.adapter import adapter_of
     from ..drafters.sampler_head import head_of
 
     drafters = {id(m) for d in (adapter_of(model), head_of(model)) if d is not None for m in d.modules()}
-    if any(isinstance(m, nn.Linear) and id(m) not in drafters for m in model.modules()):
-        return None
-    return fmt
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear) and id(m) not in drafters]
 
 
 def row_invariant(model) -> bool:
