@@ -174,7 +174,7 @@ class DecodeSpec:
         lookup = g.get("lookup", base.lookup)
         _unread(g, draft=chosen_draft, lookup=lookup)  # now with what the defaults resolved to
         tree = tree_setting(g.get("tree"))
-        if facts.weights and (g.get("static_shapes") or g.get("compile") or tree not in (None, "default", "chain")):
+        if facts.weights and (g.get("static_shapes") or g.get("compile") or tree not in (None, "default")):
             name = "compile" if g.get("compile") else "static_shapes" if g.get("static_shapes") else "tree"
             raise SpecError(name, f"{{{name}}} is not supported on {facts.weights} weights yet: their exact "
                                   "attention (each committed token as NTP computes it) runs eagerly over chains")
