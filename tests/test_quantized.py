@@ -177,3 +177,20 @@ def test_quantize_keeps_biases_and_the_model_close_to_its_float_self():
         got = model(ids).logits
     assert model.model.layers[0].self_attn.q_proj.bias is not None
     assert (got - want).abs().max() < 0.15 * want.abs().max()
+
+
+@pytest.mark.parametrize("how", ["eager attention", "dense attention"])
+def test_quantized_weights_without_the_exact_attention_are_refused_not_decoded_inexactly(how):
+    """Only the exact plan makes sbd-verify's wide forwards NTP's bits on quantized weights; a model whose
+    attention sbd cannot route would decode with the dense mask and could leave NTP's tokens unnoticed."""
+    from sbd.decoding.engine import Engine
+
+    model = _nearly_tied_model()
+    quantized.quantize(model, "int8")
+    if how == "eager attention":
+        model.config._attn_implementation = "eager"
+        with pytest.raises(SBDError, match="exact attention.*'eager'"):
+            sbd.generate(model, None, [[1, 2, 3]], max_new_tokens=4, eos_token_ids=[])
+    else:
+        with pytest.raises(SBDError, match="exact attention.*dense"):
+            Engine(model, 1, 64, attention="dense")

@@ -21,6 +21,7 @@ import torch
 
 from ..drafters.adapter import adapter_of
 from ..drafters.sampler_head import capture_output_input, head_of
+from ..errors import SBDError
 from ..masks import tree_mask
 from ..models.cache_arg import cache_name
 from ..models.narrow_linear import uses_narrow_linear
@@ -147,6 +148,11 @@ class ModelForward:
         # row-invariant linear layers (quantized weights): attention per committed token, so that a wide
         # forward's committed positions are bitwise NTP's one-token forwards ("exact" plan)
         self.exact = self.routed and row_invariant(model)
+        if row_invariant(model) and not self.routed:  # else sbd-verify would leave NTP's tokens, silently
+            why = ("attention='dense' was asked for" if attention != "auto" else
+                   f"its attention is {getattr(model.config, '_attn_implementation', None)!r}, not transformers' 'sdpa'")
+            raise SBDError(f"quantized weights decode only through sbd's exact attention, which this model cannot "
+                           f"take ({why}); load it with attn_implementation='sdpa', or without weights=")
 
     @functools.cached_property
     def shape(self) -> tuple[str, ...]:
