@@ -113,8 +113,9 @@ def _tag(path: tuple[str, bool], paths: list) -> str:
     return "" if paths == [("auto", False)] else f" ({path[0]}{', compiled' if path[1] else ''})"
 
 
-def forward_cost_markdown(rows, meta: dict, predicted=None) -> str:
-    """One line per (batch, cached): time(w)/time(1) measured (and predicted by the roofline)."""
+def forward_cost_markdown(rows, meta: dict, predicted=None, floor=None) -> str:
+    """One line per (batch, cached): time(w)/time(1) measured (and predicted by the roofline); with
+    `floor` (`sbd.benchmarking.floor.Floor`), each forward's memory floor and the measured time over it."""
     from .roofline import slowdown
 
     widths = sorted({r.width for r in rows})
@@ -128,6 +129,11 @@ def forward_cost_markdown(rows, meta: dict, predicted=None) -> str:
         hw, shape = predicted
         lines += [f"Predicted: roofline of {shape.name} on {hw.name} ({hw.flops / 1e9:,.0f} GFLOP/s, "
                   f"{hw.bandwidth / 1e9:,.1f} GB/s).", ""]
+    if floor is not None:
+        lines += [f"Floor: the bytes a forward reads ({floor.weight_bytes / 1e6:,.1f} MB of weights as loaded, plus "
+                  f"{floor.kv_bytes_per_position / 1e3:,.1f} kB per cached position and row) over this machine's read "
+                  f"bandwidth ({floor.bandwidth / 1e9:,.1f} GB/s, a large tensor summed): no kernel runs a forward "
+                  "faster. ×floor = measured / floor.", ""]
     attentions = _paths(rows)
     if attentions != [("auto", False)]:
         lines += ["Paths timed in the same rounds, by attention (`sbd.decoding.attention`): auto = what the engine "
@@ -144,6 +150,12 @@ def forward_cost_markdown(rows, meta: dict, predicted=None) -> str:
         ratio = [f"{mine[w].ratio:.3f}" if w in mine else "–" for w in widths]
         lines.append(f"| {b} | {c} | ms{tag} | " + " | ".join(ms) + " |")
         lines.append(f"| | | measured ×1-token{tag} | " + " | ".join(ratio) + " |")
+        if floor is not None:
+            lows = {w: floor.seconds(b, c, w) * 1e3 for w in widths}
+            if a == attentions[0]:
+                lines.append("| | | floor ms | " + " | ".join(f"{lows[w]:.2f}" for w in widths) + " |")
+            lines.append(f"| | | ×floor{tag} | " + " | ".join(f"{mine[w].ms / lows[w]:.1f}" if w in mine else "–"
+                                                           for w in widths) + " |")
         if predicted is not None and a == attentions[-1]:
             hw, shape = predicted
             lines.append("| | | roofline ×1-token | "
@@ -189,13 +201,18 @@ def plot_forward_cost(rows, path, title: str, predicted=None) -> Path:
     return path
 
 
-def write_forward_cost(rows, out_dir, meta: dict, predicted=None) -> tuple[dict[str, Path], str]:
+def write_forward_cost(rows, out_dir, meta: dict, predicted=None, floor=None) -> tuple[dict[str, Path], str]:
     """forward_cost.json, .md and .png in `out_dir` (created); returns the paths and the Markdown."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    text = forward_cost_markdown(rows, meta, predicted)
+    text = forward_cost_markdown(rows, meta, predicted, floor)
     paths = {"json": out / "forward_cost.json", "md": out / "forward_cost.md", "png": out / "forward_cost.png"}
     record = {"meta": meta, "rows": [r.to_dict() for r in rows]}
+    if floor is not None:
+        from dataclasses import asdict
+
+        record["floor"] = {**asdict(floor), "ms": {f"{r.batch},{r.cached},{r.width}": floor.seconds(
+            r.batch, r.cached, r.width) * 1e3 for r in rows}}
     if predicted is not None:
         from dataclasses import asdict
 

@@ -53,6 +53,14 @@ class ModelShape:
                    head_dim, cfg.intermediate_size, cfg.vocab_size, weight_bytes, kv_bytes, weight_bytes)
 
 
+    @property
+    def weight_count(self) -> int:
+        """Weights a forward multiplies by: every layer's q, k, v, o, gate, up, down, and the output layer."""
+        q_dim, kv_dim = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        layer = self.hidden * (2 * q_dim + 2 * kv_dim) + 3 * self.hidden * self.intermediate
+        return self.layers * layer + self.vocab * self.hidden
+
+
 def gemm_time(hw: Hardware, m: int, n: int, k: int, weight_bytes: float, act_bytes: float) -> float:
     """C[m, n] = A[m, k] @ W[k, n]: read the activations and the weights, write the output."""
     io = m * k * act_bytes + k * n * weight_bytes + m * n * act_bytes

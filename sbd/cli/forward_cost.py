@@ -61,6 +61,9 @@ def add_forward_cost_parser(sub):
 def cmd_forward_cost(args) -> dict:
     import torch
 
+    from dataclasses import replace
+
+    from ..benchmarking.floor import floor_of
     from ..benchmarking.forward_cost import WIDTHS, fits, forward_cost_table
     from ..benchmarking.report import write_forward_cost
     from ..benchmarking.roofline import ModelShape
@@ -81,6 +84,7 @@ def cmd_forward_cost(args) -> dict:
     rows = forward_cost_table(model, widths=widths, batches=args.batch_size, cached=args.cached,
                               repeats=args.repeats, progress=not args.no_progress, attentions=args.attention,
                               compile=(False, True) if args.compile else (False,))
+    floor = floor_of(model)  # the bytes this model reads as loaded, over this machine's read bandwidth
     predicted = None
     if args.hardware:
         if args.hardware == "measured":
@@ -90,13 +94,16 @@ def cmd_forward_cost(args) -> dict:
         else:
             hw = HARDWARE[args.hardware]
         size = torch.finfo(model.dtype).bits / 8
-        predicted = (hw, ModelShape.from_config(model.config, weight_bytes=size, kv_bytes=size, name=name))
+        shape = ModelShape.from_config(model.config, kv_bytes=size, name=name)
+        # bytes per weight as loaded: quantized layers read their int values and scales, not float32
+        per_weight = floor.weight_bytes / shape.weight_count
+        predicted = (hw, replace(shape, weight_bytes=per_weight, act_bytes=size))
     command = shlex.join(["sbd", *sys.argv[1:]]) if sys.argv[1:2] == ["forward-cost"] else None
     meta = {"model": name, "parameters": sum(p.numel() for p in model.parameters()),
             "dtype": str(model.dtype).replace("torch.", ""), "device": _device_name(model), "torch": torch.__version__,
             "threads": torch.get_num_threads(), "repeats": args.repeats, "command": command,
             "narrow_linear": uses_narrow_linear(model)}
-    paths, text = write_forward_cost(rows, args.out, meta, predicted)
+    paths, text = write_forward_cost(rows, args.out, meta, predicted, floor)
     print(text)
     for kind, path in paths.items():
         print(f"{kind}: {path}")
