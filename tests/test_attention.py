@@ -74,11 +74,9 @@ def test_a_layout_past_the_cache_is_refused():
         uniform_plan(3, 5, 4, False)
 
 
-def _run(model, attention, prompts, **kw):
+def _run(model, attention, prompts, causal_blocks=False, **kw):
     """Tokens, forwards and every forward's logits, with the engine's attention set to `attention`."""
     logits, plans = [], []
-    before = engine.ATTENTION_DEFAULT
-    engine.ATTENTION_DEFAULT = attention
     original = engine.Engine.step
 
     def step(self):
@@ -89,9 +87,9 @@ def _run(model, attention, prompts, **kw):
     try:
         engine.Engine.step = step
         r = sbd.generate(model, None, prompts, observer=lambda rec: logits.append(rec.logits.float().cpu()),
-                         eos_token_ids=[], max_new_tokens=21, **kw)
+                         eos_token_ids=[], max_new_tokens=21,
+                         engine={"attention": attention, "causal_blocks": causal_blocks}, **kw)
     finally:
-        engine.ATTENTION_DEFAULT = before
         engine.Engine.step = original
     return r, logits, plans[-1] if plans else {}
 
@@ -120,14 +118,14 @@ def test_routed_attention_changes_no_token(model, method, kw, batch):
         assert plans_b.get("rows", 0) > 0
 
 
-def test_routed_attention_with_an_adapter_and_causal_blocks(llama, monkeypatch):
+def test_routed_attention_with_an_adapter_and_causal_blocks(llama):
     """A drafting adapter (gated per row) and causal blocks ride the same path: tokens as with the dense mask."""
-    monkeypatch.setattr(engine, "CAUSAL_BLOCKS", True)
     attach_random_adapter(llama)
     try:
         prompts = random_prompts(3, llama.config.vocab_size)
-        a, _, _ = _run(llama, "dense", prompts, method="sbd-verify", block_size=4, draft="block", lookup=False)
-        b, _, plans = _run(llama, "auto", prompts, method="sbd-verify", block_size=4, draft="block", lookup=False)
+        kw = dict(method="sbd-verify", block_size=4, draft="block", lookup=False, causal_blocks=True)
+        a, _, _ = _run(llama, "dense", prompts, **kw)
+        b, _, plans = _run(llama, "auto", prompts, **kw)
         assert a.token_ids == b.token_ids and a.nfe == b.nfe and plans
     finally:
         from sbd.drafters import adapter as adapters
@@ -152,3 +150,12 @@ def test_the_flash_kernels_lower_right_causal_equals_the_dense_mask_on_cuda(caus
     mask = layout_mask([length] * b, [width] * b, [commit] * b, width, length + width, causal_blocks)
     want = dense_reference(q.float(), k.float(), v.float(), mask)
     torch.testing.assert_close(attend(q, k, v, layout, None).float(), want, atol=2e-2, rtol=2e-2)
+
+
+def test_the_engine_options_of_generate_are_checked(model):
+    from sbd.errors import SBDError
+
+    with pytest.raises(SBDError, match="engine takes"):
+        sbd.generate(model, None, [[5, 6, 7]], method="ntp", max_new_tokens=2, engine={"attention": "dense", "x": 1})
+    with pytest.raises(SBDError, match="unknown attention"):
+        sbd.generate(model, None, [[5, 6, 7]], method="ntp", max_new_tokens=2, engine={"attention": "flat"})

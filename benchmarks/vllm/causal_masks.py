@@ -53,7 +53,6 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     import sbd
-    from sbd.decoding import engine
 
     model, tok = sbd.load("smollm2")
     configs = {"masks alone": dict(draft="block", lookup=False, tree="chain"), "defaults": {}}
@@ -64,12 +63,11 @@ def main() -> None:
             answers = []
             for c, kw in configs.items():
                 for a in ("bidirectional", "causal"):  # interleaved per prompt
-                    engine.CAUSAL_BLOCKS = a == "causal"
-                    r = sbd.generate(model, tok, [p], chat=True, max_new_tokens=args.max_new_tokens, **kw)
+                    r = sbd.generate(model, tok, [p], chat=True, max_new_tokens=args.max_new_tokens,
+                                     engine={"causal_blocks": a == "causal"}, **kw)
                     counts[c, a][0] += len(r.token_ids[0])
                     counts[c, a][1] += r.nfe[0]
                     answers.append(r.token_ids[0])
-            engine.CAUSAL_BLOCKS = False
             same += all(a == answers[0] for a in answers)
             total += 1
             print(f"{name}: {total} prompts", file=sys.stderr, flush=True)

@@ -59,8 +59,6 @@ class ForwardRecord:
         return [(layer.keys[i, :, :n], layer.values[i, :, :n]) for layer in self.cache.layers]
 
 
-CAUSAL_BLOCKS = False  # the default of `Engine.causal_blocks` (benchmarks/vllm/causal_masks.py sets it)
-ATTENTION_DEFAULT = "auto"  # the default of `Engine(attention=None)` (tests/test_attention.py compares "dense")
 
 
 def bucket(n: int) -> int:
@@ -80,13 +78,15 @@ class Engine:
     attention: "auto" routes a transformers SDPA model's attention through `sbd.decoding.attention`
     (no dense mask where the rows allow, key/value heads never copied; `plans` counts which plan each
     forward took); "dense" gives the model the dense (B, 1, W, S) mask, as before (other models always).
+    causal_blocks: masks attend causally among themselves too, as an engine with causal attention only
+    gives them (vLLM's CPU backend): a measurement switch, exact either way for sbd-verify.
     """
 
     def __init__(self, model, slots: int, capacity: int, *, max_width: int = 72, observer=None,
-                 static_widths=(), call=None, prefill: str = "separate", attention: str | None = None):
+                 static_widths=(), call=None, prefill: str = "separate", attention: str = "auto",
+                 causal_blocks: bool = False):
         if prefill not in PREFILL_MODES:
             raise SBDError(f"unknown prefill mode {prefill!r}; choose one of {', '.join(PREFILL_MODES)}")
-        attention = ATTENTION_DEFAULT if attention is None else attention
         if attention not in ATTENTION:
             raise SBDError(f"unknown attention {attention!r}; choose one of {', '.join(ATTENTION)}")
         self.model = model
@@ -112,7 +112,7 @@ class Engine:
         self.prefill = prefill
         # masks attend causally among themselves too: what an engine whose attention is causal only gives
         # them (vLLM on a CPU); a measurement switch (docs/serving.md), exact either way for sbd-verify
-        self.causal_blocks = CAUSAL_BLOCKS
+        self.causal_blocks = bool(causal_blocks)
         self.plans: Counter = Counter()  # forwards per attention plan ("dense" when not routed)
 
     # -- rows ----------------------------------------------------------------------------------------

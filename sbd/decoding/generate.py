@@ -193,12 +193,12 @@ def check_prompt_ids(model, tokenizer, prompt_ids: list[list[int]], prompts=None
 
 def generate(model, tokenizer, prompts, spec: DecodeSpec | None = None, *, seed: int | Sequence[int] | None = None,
              eos_token_ids: Sequence[int] | None = None, observer: Callable[[ForwardRecord], None] | None = None,
-             chat: bool = False, **options) -> GenerationResult:
+             chat: bool = False, engine: dict | None = None, **options) -> GenerationResult:
     """Decode `prompts` with NTP, SBD or SBD with verified drafts. Every row stops on its own.
 
     spec: how to decode (`sbd.decoding.spec.DecodeSpec.resolve(model, ...)`); or leave it out and give
-    the settings below as keywords (they are resolved into one). seed, eos_token_ids, observer and
-    chat belong to the call. draft_options: sbd-verify's drafting switches for experiments
+    the settings below as keywords (they are resolved into one). seed, eos_token_ids, observer, chat and
+    engine belong to the call. draft_options: sbd-verify's drafting switches for experiments
     (`sbd.decoding.draft_policy.DraftOptions`; default: the measured best).
 
     method: "sbd-verify" (the default) drafts with the masked head and checks every draft token with the
@@ -249,6 +249,10 @@ def generate(model, tokenizer, prompts, spec: DecodeSpec | None = None, *, seed:
     eos_token_ids: defaults to the tokenizer's and generation config's EOS; `[]` decodes to the budget; an id
     outside the model's vocabulary is refused (it could never end a row).
     observer: called after every model forward with a `ForwardRecord` (tests use it to recompute).
+    engine: how the engine runs the forwards, for comparisons (`sbd.decoding.engine.Engine`'s options):
+    {"attention": "dense"} gives the model the dense mask instead of sbd's attention plans;
+    {"causal_blocks": True} lets masks attend causally among themselves (an engine with causal attention
+    only, as vLLM's CPU backend). The tokens of sbd-verify are the same either way.
     static_shapes: pad every decoding forward to one of a few fixed widths (NTP 1; SBD k and 2k; sbd-verify
     also the powers of two below its widest) over a cache of fixed size, so that its shapes never change
     (same tokens, a little more work per forward).
@@ -277,6 +281,7 @@ def generate(model, tokenizer, prompts, spec: DecodeSpec | None = None, *, seed:
                        f"{', '.join(sorted(options))})")
     else:
         check_decoding(model, spec.method, anchor=spec.anchor)
+    engine_kw = _engine_options(engine)
     if spec.compile and spec.method == "sbd-verify" and getattr(head_of(model), "enabled", False):
         warnings.warn("sbd: compile=True drafts without the sampler head (it reads hidden states through a hook "
                       "compiled forwards do not run): the masks draft alone, the tokens are the same; load with "
@@ -295,7 +300,8 @@ def generate(model, tokenizer, prompts, spec: DecodeSpec | None = None, *, seed:
                      cost=cost) for p, s in zip(prompt_ids, seeds)]
     engine = Engine(model, len(rows), max(r.needs for r in rows), max_width=max(
         [2 * spec.block_size + 1] + [r.needs_extra for r in rows]),  # a row's extra room = its widest forward
-        observer=observer, static_widths=static_widths(spec), call=compiled(model) if spec.compile else None)
+        observer=observer, static_widths=static_widths(spec), call=compiled(model) if spec.compile else None,
+        **engine_kw)
     with eval_mode(model), torch.inference_mode():
         for r in rows:
             engine.add(r)
@@ -310,6 +316,15 @@ def generate(model, tokenizer, prompts, spec: DecodeSpec | None = None, *, seed:
         logprobs=[r.logprobs for r in rows] if spec.processing.logprobs is not None else None,
         settings=spec.settings,
     )
+
+
+def _engine_options(engine: dict | None) -> dict:
+    """`generate`'s engine options, checked: only those a comparison may change."""
+    if engine is None:
+        return {}
+    if not isinstance(engine, dict) or set(engine) - {"attention", "causal_blocks"}:
+        raise SBDError(f"engine takes {{'attention': 'auto' | 'dense', 'causal_blocks': bool}}, got {engine!r}")
+    return dict(engine)
 
 
 def static_widths(spec: DecodeSpec) -> tuple[int, ...]:
