@@ -92,7 +92,9 @@ def test_completion_logprobs_equal_offline(demo, live, client, method):  # noqa:
         assert top == pytest.approx({tokenizer.decode([t]): v for t, v in alts + [(tok, logprob)]}, abs=1e-4)
     zero = client.completions.create(model="demo", prompt=PROMPTS[0], max_tokens=12, logprobs=0,
                                      extra_body={"method": method}).choices[0].logprobs
-    assert zero.token_logprobs == lp.token_logprobs and all(len(t) == 1 for t in zero.top_logprobs)
+    # drafts follow the step costs the server learns as it runs, so the second call's forwards may be other
+    # widths: the same tokens, float32 logprobs equal to rounding
+    assert zero.token_logprobs == pytest.approx(lp.token_logprobs, abs=1e-5) and all(len(t) == 1 for t in zero.top_logprobs)
     chunks = _stream(live, "/v1/completions", {"prompt": PROMPTS[0], "max_tokens": 12, "logprobs": 3,
                                                "method": method})
     streamed = [x for c in chunks if c["choices"][0]["logprobs"] for x in c["choices"][0]["logprobs"]["token_logprobs"]]

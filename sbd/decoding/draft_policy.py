@@ -108,6 +108,9 @@ class DraftPolicy:
             if self.fallback:
                 self.fall_back()
             return
+        if getattr(cost, "plain", False):  # the step cost asks for a one-token step to measure (`width_cost`)
+            self.n_masks = 0
+            return
         d = best_draft_length(self.alpha("masks"), cost, self.masks - 1, self.tree)
         self.plain_steps = self.plain_steps + 1 if d == 0 else 0
         if d == 0 and (self.plain_steps % self.options.probe_every == 0 if probe is None else probe):
@@ -129,6 +132,8 @@ class DraftPolicy:
         even that length does not pay, unless `probe` (then one token)."""
         if not found or cost is None or not self.options.adaptive_lookup:
             return found
+        if getattr(cost, "plain", False):  # a one-token step asked for (`adapt`)
+            return 0
         alpha = self.alpha("lookup")
         d = best_lookup_length(alpha, cost, found)
         if skip_unpaid and expected_tokens(alpha, d) / cost(d + 1) < 1.0 / cost(1) - 1e-12:

@@ -20,6 +20,7 @@ all the engine knows of tree drafts (`sbd.decoding.trees`).
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
 from dataclasses import dataclass
 
@@ -80,11 +81,13 @@ class Engine:
     forward took); "dense" gives the model the dense (B, 1, W, S) mask, as before (other models always).
     causal_blocks: masks attend causally among themselves too, as an engine with causal attention only
     gives them (vLLM's CPU backend): a measurement switch, exact either way for sbd-verify.
+    step_cost: told the width and wall time of every decoding step (`sbd.decoding.width_cost.StepCost`),
+    from which adaptive drafting prices wider steps.
     """
 
     def __init__(self, model, slots: int, capacity: int, *, max_width: int = 72, observer=None,
                  static_widths=(), call=None, prefill: str = "separate", attention: str = "auto",
-                 causal_blocks: bool = False):
+                 causal_blocks: bool = False, step_cost=None):
         if prefill not in PREFILL_MODES:
             raise SBDError(f"unknown prefill mode {prefill!r}; choose one of {', '.join(PREFILL_MODES)}")
         if attention not in ATTENTION:
@@ -113,6 +116,7 @@ class Engine:
         # masks attend causally among themselves too: what an engine whose attention is causal only gives
         # them (vLLM on a CPU); a measurement switch (docs/serving.md), exact either way for sbd-verify
         self.causal_blocks = bool(causal_blocks)
+        self.step_cost = step_cost if hasattr(step_cost, "add") else None
         self.plans: Counter = Counter()  # forwards per attention plan ("dense" when not routed)
 
     # -- rows ----------------------------------------------------------------------------------------
@@ -192,7 +196,8 @@ class Engine:
 
     def _run(self, lo: int, hi: int) -> list:
         rows = self._rows[lo:hi]
-        static = bool(self.static_widths) and not any(r.in_prefill for r in rows)
+        decoding = not any(r.in_prefill for r in rows)  # a step whose time prices wider steps
+        static = bool(self.static_widths) and decoding
         feeds = [r.feed() for r in rows]
         if static:  # fixed shapes: idle slots fill the batch up to its bucket, with nothing real to feed
             feeds += [Feed([], 0, 0)] * (bucket(len(rows)) - len(rows))
@@ -212,6 +217,7 @@ class Engine:
         keep = max(n_logits, 1)  # (0 would mean "all" to transformers)
         call = self.call if static else self.model
         head = self._drafting_head(rows, call)
+        started = time.perf_counter()
         out, hidden = self.forward(step, self.cache, lo, logits_to_keep=width if static else keep, call=call,
                                    head=head)  # static: one graph per width
         tokens, pos, mask = step.tokens, step.pos, step.mask
@@ -234,6 +240,8 @@ class Engine:
         values = torch.cat([check] + [p.double() for p in parts]).tolist()
         if not math.isfinite(values[0]):
             raise SBDError("the model returned NaN or infinite logits; decoding stopped (check the weights and dtype)")
+        if self.step_cost is not None and decoding:  # from the forward to its one host read (a GPU sync)
+            self.step_cost.add(width, time.perf_counter() - started)
         at, done = 1, []
         for i, (r, a) in enumerate(zip(rows, asks)):
             m = a.numel() if a is not None else 0

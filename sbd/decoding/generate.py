@@ -226,8 +226,8 @@ def generate(model, tokenizer, prompts, spec: DecodeSpec | None = None, *, seed:
     (gamma and proxy do not apply: refused); "eb" first reveals it with the EB rule (gamma, proxy) over
     forwards of its own, as SBD would — better drafts for more forwards; greedy only; "adaptive" lets
     each row choose how many masks to feed (at most block_size) from its own acceptance so far and the
-    measured cost of wider forwards on this model (`sbd.decoding.width_cost`, timed once per model and
-    batch size):
+    cost of wider steps on this model (`sbd.decoding.width_cost`: learnt from the engine's own steps, kept
+    per model shape, batch size and machine; nothing is timed before decoding):
     shorter drafts where they are often refused or forwards are compute-bound, plain next-token steps
     (with an occasional probe) where no draft pays; a draft of the masks' own chain also ends before the
     first place where the masks are unsure (`sbd.decoding.rows.confident_length`).
@@ -301,13 +301,15 @@ def generate(model, tokenizer, prompts, spec: DecodeSpec | None = None, *, seed:
     engine = Engine(model, len(rows), max(r.needs for r in rows), max_width=max(
         [2 * spec.block_size + 1] + [r.needs_extra for r in rows]),  # a row's extra room = its widest forward
         observer=observer, static_widths=static_widths(spec), call=compiled(model) if spec.compile else None,
-        **engine_kw)
+        step_cost=cost, **engine_kw)
     with eval_mode(model), torch.inference_mode():
         for r in rows:
             engine.add(r)
         while engine.live:
             engine.step()
     seconds = time.perf_counter() - start
+    if cost is not None and hasattr(cost, "save"):
+        cost.save()  # what this call's steps said of wider steps, averaged into the kept estimate
     return GenerationResult(
         texts=[r.text() for r in rows], token_ids=[r.out for r in rows], nfe=[r.nfe for r in rows],
         steps=[r.steps for r in rows], seconds=seconds, method=spec.method,

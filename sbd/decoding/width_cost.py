@@ -1,18 +1,26 @@
-"""How much a wider forward costs on this model and device: what adaptive drafting trades against.
+"""How much a wider step costs on this model and machine, learnt from the engine's own steps: what
+adaptive drafting trades against.
 
-`forward_costs(model, batch)` times forwards of a few widths over a short cache, through the engine's
-own forward (`sbd.decoding.forward`: its cache, attention plan and adapter gate), and returns a function
-giving the time of a w-token forward relative to a 1-token forward (interpolated between the widths
-timed). On an H100 the paper's roofline puts a 16-token forward at 1.004x; on a CPU the step from 1 to
-2 tokens alone can cost half a forward (a matrix-vector product becomes a matrix product), and the
-cost then grows with the width. Each width's time is the median of three, widths interleaved. On this
-shared 2-core machine such a table moves from one timing to the next (SmolLM2, four in a row: 1.10–1.41x
-per width); the fastest of five is steadier (1.06–1.24x) but steeper, since the stalls it drops weigh
-most on the short 1-token forward, and decoding pays its stalls too: with it SmolLM2 drafted shorter and
-ran 1.075x slower (benchmarks/results/forward_cost_spread.md, checkouts_fastest_costs), so the median
-stays. Measured once per model shape, batch size, device and machine, and
-remembered: in the process, and on disk (`$SBD_CACHE/forward_costs/`, or `$SBD_COSTS_CACHE`, as autotuners keep their
-measurements), so a new process starts at once; a measurement that has to be taken says so on stderr.
+A draft of d tokens is worth its expected tokens over the time of the wider step that verifies it
+(`sbd.decoding.draft_lengths`). `forward_costs(model, batch)` gives that time relative to a one-token step
+as a `StepCost`: a function (width → relative time) that the engine feeds with the wall time of every
+decoding step it runs (`StepCost.add`: from the forward to the one host read of its results, so the
+loop's own cost counts). Per width, the median of the last 15 steps of that width, so a stall of the
+machine moves no estimate; between measured widths, linear; elsewhere the prior's shape, scaled from the
+nearest measured width. Every width is priced against the one-token step, so when none has been
+measured lately the cost asks the rows for one (`StepCost.plain`: no draft, no masks; a few steps in 16
+until it has a median, then in 512).
+
+The prior needs no timing: the estimate remembered from earlier runs of the same model shape, batch size
+and machine (`$SBD_CACHE/step_costs/`, or `$SBD_COSTS_CACHE`), each run's medians averaged into it; else
+a default line, 1 + slope·(w − 1) (`DEFAULT_SLOPE`: 0.15 on a CPU, where SmolLM2's 16-token forward costs
+2.7–3.0 one-token forwards, and 0.01 on a GPU, where the paper's roofline puts it at 1.004). No call waits
+for forwards to be timed: the first call drafts by the prior, and its steps correct it.
+
+Before, a table of 12 widths was timed before the first call of each model, batch size and machine: the
+first `sbd.generate` on SmolLM2 at batch 4 waited 104 s for it on a busy 2-core machine, and the table kept
+whatever the machine did in that minute (timed four times on one quiet machine: 2.3x to 3.4x for 16 tokens,
+benchmarks/results/forward_cost_spread.md).
 """
 
 from __future__ import annotations
@@ -24,42 +32,150 @@ import json
 import math
 import os
 import platform
-import statistics
-import sys
 import time
 import weakref
+from collections import deque
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from .cache import slot_cache
-from .forward import Feed, ModelForward
+from .forward import ModelForward
 
-# The widths timed; a verify step with draft d is 2d + 2 wide. Both sides of every multiple of 8: narrow
-# linear layers pad a forward's columns to a multiple of 8 beyond 8 (`sbd.models.narrow_linear`), so
-# on SmolLM2 a 17-wide forward costs 1.2x a 16-wide one, a step a line through 9 and 17 cannot see
-# (benchmarks/smollm2/results/adapter_forward_cost.md).
-WIDTHS = (1, 2, 3, 4, 6, 8, 9, 16, 17, 24, 25, 33)
-_MEASURED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-# A batch size not timed yet on a model (and machine) that was: take the costs of the nearest batch size
-# timed, rather than stall the caller for seconds (a wide batched forward costs somewhat more than that
-# estimate says, so drafts may run a little long; the output is the same either way).
-ESTIMATE_NEW_BATCHES = True
+DEFAULT_SLOPE = {"cpu": 0.15, "cuda": 0.01}  # the prior's extra cost per extra token, by device type
+KEEP = 15  # steps per width the median runs over
+LEAST = 3  # steps of a width before its median counts
+SAVE_EVERY = 512  # steps between two writes of the estimate to disk (and at the end of every generate call)
+PLAIN_GAP = (16, 512)  # steps between asks for plain steps: while the one-token step has no median, and after
+PLAIN_ASK = 3  # steps an ask lasts (rows decide their next feeds a step ahead; a draft under way finishes first)
+_COSTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # model -> {batch: StepCost}
 
 
-def _timed(forward: ModelForward, feeds: list[Feed], cache, length: int) -> float:
-    """Seconds of one forward of `feeds` over `length` cached positions per row, laid out as the engine
-    lays out a step (the layout is part of what a step costs)."""
-    if forward.device.type == "cuda":
-        torch.cuda.synchronize()
-    width = len(feeds[0].tokens)
-    t = time.perf_counter()
-    step = forward.inputs(feeds, [length] * len(feeds), width, length + width)
-    forward(step, cache, logits_to_keep=width)
-    if forward.device.type == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - t
+class StepCost:
+    """Step time by width, from an engine's own steps (module docstring): call it with a width for the
+    time relative to a one-token step; `add` what a step took. Both engines hold it: sbd's (one per model
+    and batch size, `forward_costs`) and the vLLM proposer (`time`, `near` and `for_batch` for a batch's
+    total width; a `fallback` read while its own kind of step is unmeasured).
+
+    prior: width -> relative time (1.0 at width 1); default 1 + prior_slope·(w − 1). path/stored: where the
+    estimate is kept on disk and what it held (`save`)."""
+
+    def __init__(self, prior: Callable[[int], float] | None = None, path: Path | None = None,
+                 stored: dict[int, float] | None = None, *, prior_slope: float = 0.05,
+                 fallback: "StepCost | None" = None):
+        self.prior = prior if prior is not None else (lambda w: 1.0 + prior_slope * (w - 1))
+        self.fallback = fallback
+        self.path, self.stored = path, dict(stored or {})  # where the estimate is kept, and what it held
+        self._samples: dict[int, deque] = {}
+        self._median: dict[int, float] = {}
+        self._known: list[int] = []  # widths with a median, sorted
+        self._memo: dict[int, float] = {}
+        self._unsaved = 0
+        self._since_plain = 0  # steps since the last one-token step
+        self.plain = False  # rows, please feed no draft and no masks now: a one-token step to measure
+
+    def add(self, width: int, seconds: float) -> None:
+        """One decoding step of `width` columns took `seconds`."""
+        if width < 1 or not math.isfinite(seconds) or seconds <= 0:
+            return
+        q = self._samples.setdefault(width, deque(maxlen=KEEP))
+        q.append(seconds)
+        # Every width is priced relative to the one-token step, which adaptive drafts rarely run on their
+        # own: ask every row for one now and then (at most PLAIN_ASK steps in PLAIN_GAP).
+        self._since_plain = 0 if width == 1 else self._since_plain + 1
+        gap = PLAIN_GAP[1 in self._median]
+        self.plain = self._since_plain % gap >= gap - PLAIN_ASK
+        if len(q) >= LEAST:
+            s = sorted(q)
+            self._median[width] = s[len(s) // 2]
+            if width not in self._known:
+                bisect.insort(self._known, width)
+            self._memo.clear()
+        self._unsaved += 1
+        if self._unsaved >= SAVE_EVERY:
+            self.save()
+
+    def seconds(self, w: int) -> float | None:
+        """The time of a `w`-wide step from the steps measured (None before any width has a median)."""
+        known = self._known
+        if not known:
+            return None
+        if w in self._median:
+            return self._median[w]
+        j = bisect.bisect_left(known, w)
+        if 0 < j < len(known):
+            lo, hi = known[j - 1], known[j]
+            return self._median[lo] + (self._median[hi] - self._median[lo]) * (w - lo) / (hi - lo)
+        near = known[0] if j == 0 else known[-1]
+        return self._median[near] * self.prior(w) / self.prior(near)
+
+    def time(self, w: int) -> float:
+        """The time of a `w`-wide step: seconds once a width is measured; before, the fallback's, else the
+        prior's (relative units)."""
+        t = self.seconds(w)
+        if t is not None:
+            return t
+        return self.fallback.time(w) if self.fallback is not None else self.prior(w)
+
+    def known(self, w: int) -> bool:
+        return w in self._median
+
+    def near(self, w: int, within: float = 0.25) -> bool:
+        """Whether a width within `within`·w of w (w itself at w = 1) is measured: then `time(w)` reads
+        it from there instead of a step going plain to measure w itself."""
+        if w in self._median:
+            return True
+        if w <= 1:
+            return False
+        span = max(1, int(w * within))
+        j = bisect.bisect_left(self._known, w - span)
+        return j < len(self._known) and self._known[j] <= w + span
+
+    def for_batch(self, batch: int, wide: "StepCost | None" = None):
+        """The cost function sbd's rules read for one request of a batch of `batch` requests whose steps
+        this records by total width: width w of this request -> step time relative to a plain step, scaled
+        to the whole batch's delay (1 + B·(T(B − 1 + w)/T(B) − 1)). wide: where the widened step's time is
+        read when it is another kind of step (a forward with masks, against a plain one)."""
+        base, memo = self.time(batch), {}
+        timer = self.time if wide is None else wide.time
+
+        def cost(w):
+            c = memo.get(w)
+            if c is None:
+                c = memo[w] = 1.0 + batch * max(0.0, timer(batch - 1 + w) / base - 1.0) if w > 1 else 1.0
+            return c
+        return cost
+
+    def __call__(self, w: int) -> float:
+        c = self._memo.get(w)
+        if c is None:
+            one = self.seconds(1)
+            c = self.prior(w) if one is None else 1.0 if w <= 1 else max(1.0, self.seconds(w) / one)
+            self._memo[w] = c
+        return c
+
+    def measured(self) -> dict[int, float]:
+        """{width: relative time} at the widths this process measured."""
+        return {w: self(w) for w in self._known}
+
+    def save(self) -> None:
+        """Average this process's medians into the kept estimate and write it (atomically; a read-only
+        cache is skipped): each run moves the prior half way to what it measured."""
+        self._unsaved = 0
+        now = self.measured()
+        if self.path is None or not now:
+            return
+        merged = dict(self.stored)
+        for w, c in now.items():
+            merged[w] = (merged[w] + c) / 2 if w in merged else c
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"costs": merged, "saved": time.strftime("%Y-%m-%d %H:%M:%S")}))
+            os.replace(tmp, self.path)
+        except OSError:
+            return
+        self.stored = merged
 
 
 @functools.lru_cache(maxsize=1)
@@ -73,118 +189,57 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def disk_key(forward: ModelForward, batch: int, context: int, repeats: int) -> str:
+def disk_key(forward: ModelForward, batch: int) -> str:
     """What the costs depend on: the model's shapes (`ModelForward.shape`: config, dtype, device, narrow
-    layers, a drafting adapter's rank, attention path), the threads, the processor and torch's version
-    (not its weights), then the batch: `FAMILY-bBATCH`."""
-    parts = [*forward.shape, str(context), str(repeats), str(torch.get_num_threads()), _cpu_name(),
-             torch.__version__, str(WIDTHS)]
+    layers, a drafting adapter's rank, attention path, weight format), the threads, the processor and
+    torch's version (not the weights), then the batch: `FAMILY-bBATCH`."""
+    parts = [*forward.shape, str(torch.get_num_threads()), _cpu_name(), torch.__version__]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24] + f"-b{batch}"
 
 
-def _nearest_batch(key: str) -> tuple[int, dict[int, float]] | None:
-    """The costs kept for the same model and machine at the nearest other batch size, if any."""
-    family, batch = key.rsplit("-b", 1)
-    found = []
-    for path in _disk_file(family + "-b0").parent.glob(f"{family}-b*.json"):
-        other = int(path.stem.rsplit("-b", 1)[1])
-        costs = _read_disk(path.stem)
-        if costs is not None:
-            found.append((abs(math.log(other / int(batch))), other, costs))
-    return min(found)[1:] if found else None
-
-
 def _disk_file(key: str) -> Path:
-    """$SBD_COSTS_CACHE/KEY.json, else the cache folder's forward_costs/KEY.json."""
+    """$SBD_COSTS_CACHE/KEY.json, else the cache folder's step_costs/KEY.json."""
     from ..models.loading import cache_dir
 
     folder = os.environ.get("SBD_COSTS_CACHE")
-    return (Path(folder) if folder else cache_dir() / "forward_costs") / f"{key}.json"
+    return (Path(folder) if folder else cache_dir() / "step_costs") / f"{key}.json"
 
 
-def _read_disk(key: str) -> dict[int, float] | None:
+def _read(path: Path) -> dict[int, float]:
+    """The kept estimate ({} when there is none or it is unreadable: the default prior then)."""
     try:
-        raw = json.loads(_disk_file(key).read_text())
-        costs = {int(w): float(c) for w, c in raw["costs"].items()}
+        costs = {int(w): float(c) for w, c in json.loads(path.read_text())["costs"].items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return None  # none yet, or unreadable: measure again
-    return costs if set(costs) == set(WIDTHS) and all(c >= 1.0 for c in costs.values()) else None
+        return {}
+    return costs if all(w >= 1 and math.isfinite(c) and c >= 1.0 for w, c in costs.items()) else {}
 
 
-def _write_disk(key: str, costs: dict[int, float]) -> None:
-    path = _disk_file(key)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"costs": costs, "measured": time.strftime("%Y-%m-%d %H:%M:%S")}))
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only cache: measured again next time
+def _prior(stored: dict[int, float], slope: float) -> Callable[[int], float]:
+    """The kept estimate, linear between its widths and extended by `slope` beyond them; the line alone
+    without one."""
+    if not stored:
+        return lambda w: 1.0 + slope * (w - 1)
+    points = dict(stored)
+    points[1] = 1.0
+    widths = sorted(points)
 
-
-def relative_costs(model, batch: int = 1, context: int = 64, repeats: int = 3) -> dict[int, float]:
-    """{width: median time of a width-token forward / that of a 1-token forward} for `WIDTHS`."""
-    forward = ModelForward(model)
-    shape = (batch, *forward.shape)  # in this process: whatever context and repeats timed it
-    known = _MEASURED.setdefault(model, {})
-    if shape in known:
-        return known[shape]
-    stored = disk_key(forward, batch, context, repeats)
-    costs = _read_disk(stored)
-    near = _nearest_batch(stored) if costs is None and ESTIMATE_NEW_BATCHES else None
-    if near is not None:  # a new batch size on a model timed before: no stall, its nearest batch's costs
-        costs = near[1]
-    elif costs is None:
-        print(f"sbd: timing forwards of {len(WIDTHS)} widths at batch {batch} for adaptive drafting (once per model "
-              "shape, batch size and machine; kept in the cache folder)", file=sys.stderr, flush=True)
-        costs = _measure(forward, batch, context, repeats)
-        _write_disk(stored, costs)
-    known[shape] = costs
-    return costs
-
-
-def _measure(forward: ModelForward, batch: int, context: int, repeats: int, pick=statistics.median) -> dict[int, float]:
-    """Time verify-shaped forwards (w tokens, the first w/2 committed, the rest a block under the adapter's
-    gate) of each width over `context` cached tokens per row, widths interleaved; the scratch they write
-    is overwritten by the next (the rows' lengths stay at `context`). pick: how a width's `repeats` times
-    become one (the median; benchmarks/forward_cost_spread.py compares the fastest)."""
-    vocab = forward.model.get_input_embeddings().num_embeddings
-    g = torch.Generator().manual_seed(0)
-    cache = slot_cache(forward.model, batch, context, max(WIDTHS))
-
-    def feeds(w: int, n_commit: int) -> list[Feed]:
-        return [Feed(torch.randint(0, vocab, (w,), generator=g).tolist(), n_commit, w) for _ in range(batch)]
-
-    times: dict[int, list[float]] = {w: [] for w in WIDTHS}
-    with torch.inference_mode():
-        _timed(forward, feeds(context, context), cache, 0)  # the prompt
-        inputs = {w: feeds(w, max(w // 2, 1)) for w in WIDTHS}
-        for w in WIDTHS:  # warm-up
-            _timed(forward, inputs[w], cache, context)
-        for _ in range(repeats):  # widths interleaved
-            for w in WIDTHS:
-                times[w].append(_timed(forward, inputs[w], cache, context))
-    one = pick(times[1])
-    costs = {w: max(1.0, pick(t) / one) if w > 1 else 1.0 for w, t in times.items()}
-    wider = float("inf")
-    for w in sorted(costs, reverse=True):  # a forward never costs more than a wider one: timing noise out
-        costs[w] = wider = min(costs[w], wider) if w > 1 else 1.0
-    return costs
-
-
-def forward_costs(model, batch: int = 1) -> Callable[[int], float]:
-    """A function: width → time of such a forward relative to a 1-token forward (linear between the
-    widths timed, extended linearly beyond the widest)."""
-    return interpolate(relative_costs(model, batch))
-
-
-def interpolate(costs: dict[int, float]) -> Callable[[int], float]:
-    widths = sorted(costs)
-
-    def cost(w: int) -> float:
-        if w <= widths[0]:
-            return costs[widths[0]]
-        i = min(bisect.bisect_left(widths, w), len(widths) - 1)
+    def prior(w: int) -> float:
+        if w >= widths[-1]:
+            return points[widths[-1]] + slope * (w - widths[-1])
+        i = bisect.bisect_right(widths, w)
         a, b = widths[i - 1], widths[i]
-        return costs[a] + (costs[b] - costs[a]) * (w - a) / (b - a)
+        return points[a] + (points[b] - points[a]) * (w - a) / (b - a)
+    return prior
+
+
+def forward_costs(model, batch: int = 1) -> StepCost:
+    """The step cost of `model` at `batch` rows: one object per model and batch in this process (so what
+    one call learns the next uses), its prior from disk or the default line. Never times a forward."""
+    per_model = _COSTS.setdefault(model, {})
+    cost = per_model.get(batch)
+    if cost is None:
+        forward = ModelForward(model)
+        path = _disk_file(disk_key(forward, batch))
+        stored = _read(path)
+        cost = per_model[batch] = StepCost(_prior(stored, DEFAULT_SLOPE.get(forward.device.type, 0.15)), path, stored)
     return cost

@@ -52,8 +52,8 @@ class Server:
                                                 self.defaults.tree))
         self.width = width
         self.metrics = Metrics()
-        # adaptive drafting trades acceptance against the cost of a wider forward, timed once here at the
-        # engine's full batch (the load the server is sized for)
+        # adaptive drafting trades acceptance against the cost of a wider step: learnt from the engine's own
+        # steps (`sbd.decoding.width_cost`), kept per model shape at the engine's full batch; nothing is timed here
         self.forward_cost = forward_costs(model, batch=config.max_batch)
         # no token covers more characters than the longest vocabulary entry, so a text longer than this
         # cannot fit the prompt limit whatever the tokenizer does (x4: a normalizer may compose characters)
@@ -61,7 +61,8 @@ class Server:
         self.max_prompt_chars = 4 * longest * (self.max_prompt + 1)
         self.pool = ThreadPoolExecutor(2, thread_name_prefix="sbd-tokenize")
         self.worker = Worker(model, slots=config.max_batch, capacity=self.max_len + width, max_width=width,
-                             max_queue=config.max_queue, metrics=self.metrics, prefill=config.prefill)
+                             max_queue=config.max_queue, metrics=self.metrics, prefill=config.prefill,
+                             step_cost=self.forward_cost)
 
     def count(self, path: str, status: int) -> None:
         """One answered request in the metrics (unknown paths under one label)."""

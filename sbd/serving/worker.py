@@ -48,8 +48,9 @@ class Job:
 
 class Worker:
     def __init__(self, model, *, slots: int, capacity: int, max_width: int, max_queue: int,
-                 metrics: Metrics | None = None, prefill: str = "separate"):
+                 metrics: Metrics | None = None, prefill: str = "separate", step_cost=None):
         self.model = model
+        self.step_cost = step_cost  # the engine tells it every step's time (`sbd.decoding.width_cost`)
         self.slots, self.capacity, self.max_width, self.prefill = slots, capacity, max_width, prefill
         self.max_queue = max_queue
         self.metrics = metrics or Metrics()
@@ -63,7 +64,8 @@ class Worker:
         self._window = [time.perf_counter(), 0]
 
     def _new_engine(self) -> Engine:
-        return Engine(self.model, self.slots, self.capacity, max_width=self.max_width, prefill=self.prefill)
+        return Engine(self.model, self.slots, self.capacity, max_width=self.max_width, prefill=self.prefill,
+                      step_cost=self.step_cost)
 
     def start(self) -> None:
         self.thread.start()

@@ -209,7 +209,7 @@ def test_adaptive_steps_aside(tiny, tmp_path):
 
 def test_step_cost_model():
     """The online cost model: the prior until a width is measured, medians, interpolation, batch scaling."""
-    from sbd.integrations.vllm.proposer import StepCost
+    from sbd.decoding.width_cost import StepCost
 
     c = StepCost(prior_slope=0.05)
     assert c.for_batch(1)(1) == 1.0 and abs(c.for_batch(1)(9) - 1.4) < 1e-9

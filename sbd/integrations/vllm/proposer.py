@@ -17,7 +17,7 @@ holds a `DraftPolicy` (`sbd.decoding.draft_policy`), the object every sbd-verify
 of masks from the masks' acceptance record (`best_draft_length`), a lookup draft only as long as pays on
 lookup's record (`best_lookup_length`), a chain of the masks' argmax cut where they are unsure
 (`confident_length`; a sampler head's chains are not cut, `DraftOptions.cut_head_chains`). The cost those
-rules price widths with is this engine's, measured online (`StepCost`), apart for forwards with masks
+rules price widths with is this engine's, measured online (`StepCost`, the one sbd's engine holds), apart for forwards with masks
 and without (the same compiled graph, but the stash and the gate's bookkeeping are theirs alone). In a batch of B requests a
 request's extra width delays all B, so its cost is 1 + B·(T(B − 1 + w)/T(B) − 1) (T: step time at a
 total width): drafting then pays only when the tokens it adds beat that, and when no draft pays for
@@ -44,12 +44,10 @@ process; this is how the tests read tokens per forward).
 
 from __future__ import annotations
 
-import bisect
 import json
 import os
 import sys
 import time
-from collections import deque
 
 import torch
 
@@ -58,6 +56,7 @@ from sbd.decoding.draft_lengths import expected_tokens
 from sbd.decoding.draft_policy import DEFAULT_OPTIONS, LOOKUP_MAX, DraftOptions, DraftPolicy
 from sbd.decoding.proposers import chain as mask_chain
 from sbd.decoding.proposers import lookup as sbd_lookup
+from sbd.decoding.width_cost import StepCost
 
 
 def lookup(seq, lookup_max: int) -> list[int]:
@@ -84,76 +83,6 @@ def _find_runner(proposer, depth: int = 8):
             return owner
         frame = frame.f_back
     raise RuntimeError("SBDProposer.load_model was not called by a vLLM model runner that holds it as its drafter")
-
-
-class StepCost:
-    """This engine's step time by total scheduled width, measured online: the wall time between
-    consecutive `propose` calls (one engine step) against the step's width. Per width, the median of
-    the last `keep` samples; a width not measured yet is read from its measured neighbours (linear
-    between two, else scaled by the prior 1 + slope·(w − 1) from the nearest one; the prior alone
-    when nothing is measured)."""
-
-    def __init__(self, prior_slope: float = 0.05, keep: int = 15, least: int = 3, fallback: "StepCost | None" = None):
-        self.prior_slope, self.keep, self.least = prior_slope, keep, least
-        self.fallback = fallback  # read while nothing of this kind of step is measured
-        self.samples: dict[int, deque] = {}
-        self._known: list[int] = []  # widths with at least `least` samples, sorted
-        self._median: dict[int, float] = {}
-
-    def prior(self, w: float) -> float:
-        return 1.0 + self.prior_slope * (w - 1)
-
-    def add(self, width: int, seconds: float) -> None:
-        q = self.samples.setdefault(width, deque(maxlen=self.keep))
-        q.append(seconds)
-        if len(q) >= self.least:
-            s = sorted(q)
-            self._median[width] = s[len(s) // 2]
-            if width not in self._known:
-                bisect.insort(self._known, width)
-
-    def known(self, w: int) -> bool:
-        return w in self._median
-
-    def near(self, w: int, within: float = 0.25) -> bool:
-        """Whether a width within `within`·w of w (w itself at w = 1) is measured: then `time(w)` reads
-        it from there instead of the step going plain to measure w itself."""
-        if w in self._median:
-            return True
-        if w <= 1:
-            return False
-        span = max(1, int(w * within))
-        j = bisect.bisect_left(self._known, w - span)
-        return j < len(self._known) and self._known[j] <= w + span
-
-    def time(self, w: int) -> float:
-        """The step time at total width w (seconds once measured; prior units before)."""
-        known = self._known
-        if not known:
-            return self.fallback.time(w) if self.fallback is not None else self.prior(w)
-        if w in self._median:
-            return self._median[w]
-        j = bisect.bisect_left(known, w)
-        if 0 < j < len(known):
-            lo, hi = known[j - 1], known[j]
-            return self._median[lo] + (self._median[hi] - self._median[lo]) * (w - lo) / (hi - lo)
-        near = known[0] if j == 0 else known[-1]
-        return self._median[near] * self.prior(w) / self.prior(near)
-
-    def for_batch(self, batch: int, wide: "StepCost | None" = None):
-        """The cost function sbd's rules read for one request of a batch of `batch` requests: width w of
-        this request -> step time relative to a plain step, scaled to the whole batch's delay
-        (1 + B·(T(B − 1 + w)/T(B) − 1); T(w)/T(1) at batch 1). wide: where the widened step's time is read
-        when it is another kind of step (a forward with masks, against a plain one)."""
-        base, memo = self.time(batch), {}
-        timer = self.time if wide is None else wide.time
-
-        def cost(w):
-            c = memo.get(w)
-            if c is None:
-                c = memo[w] = 1.0 + batch * max(0.0, timer(batch - 1 + w) / base - 1.0) if w > 1 else 1.0
-            return c
-        return cost
 
 
 class _Req:
