@@ -5,10 +5,9 @@ turns prompt by prompt in one process after a warm-up call each.
     python benchmarks/quantized_decoding.py --n 8 --max-new-tokens 96 --out benchmarks/results/quantized_decoding
     python benchmarks/quantized_decoding.py --accuracy 40 --out benchmarks/results/quantized_decoding
 
---accuracy N instead: N held-out gsm_symbolic questions (bare, through the chat template, 256 tokens), NTP in
-each format (sbd-verify gives the same tokens), final answers scored by reasoning-gym and compared with
-float32's final answers (SmolLM2-135M solves few of these: agreement says more than correctness). Writes
-accuracy.md.
+--accuracy N instead: N held-out questions of --task (gsm_symbolic by default; bare, through the chat template,
+--max-answer-tokens tokens), NTP in each format (sbd-verify gives the same tokens), final answers scored by
+reasoning-gym and compared with float32's final answers. Writes accuracy.md (accuracy_TASK.md for another task).
 
 Reports tokens/s (median over prompts of tokens / seconds, and total tokens / total seconds), tokens per
 forward, whether sbd-verify gave exactly NTP's tokens of the same weights (the promise), and how many answers
@@ -40,7 +39,10 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--accuracy", type=int, default=0, help="score N held-out gsm_symbolic questions instead")
+    ap.add_argument("--accuracy", type=int, default=0, help="score N held-out questions of --task instead")
+    ap.add_argument("--task", default="gsm_symbolic", help="the task --accuracy scores (sbd.tasks: gsm_symbolic, "
+                    "chain_sum, basic_arithmetic, number_sorting, word_sequence_reversal)")
+    ap.add_argument("--max-answer-tokens", type=int, default=256, help="--accuracy: the budget of each answer")
     args = ap.parse_args()
 
     import torch
@@ -97,25 +99,28 @@ def accuracy(models, args, torch) -> None:
     from sbd.tasks.format import final_answer
     from sbd.tasks.splits import make_split
 
-    examples = make_split("gsm_symbolic", "test", args.accuracy, 0)
+    examples = make_split(args.task, "test", args.accuracy, 0)
     right = {fmt: [] for fmt in FORMATS}
     texts = {fmt: [] for fmt in FORMATS}
     answers = {fmt: [] for fmt in FORMATS}
     for i, ex in enumerate(examples):
         for fmt in FORMATS:
             model, tok = models[fmt]
-            out = sbd.generate(model, tok, [ex["entry"]["question"]], method="ntp", max_new_tokens=256, chat=True)
+            out = sbd.generate(model, tok, [ex["entry"]["question"]], method="ntp", max_new_tokens=args.max_answer_tokens,
+                               chat=True)
             texts[fmt].append(out.token_ids[0])
             answers[fmt].append(final_answer(out.texts[0]))
-            right[fmt].append(score("gsm_symbolic", ex["entry"], out.texts[0], chat=True) >= 1.0)
+            right[fmt].append(score(args.task, ex["entry"], out.texts[0], chat=True) >= 1.0)
         print(f"question {i + 1}/{len(examples)} done", file=sys.stderr, flush=True)
     n = len(examples)
     base = right["float32"]
     lines = ["# Quantized weights: what they do to SmolLM2-135M-Instruct's final answers", "",
-             f"Command: `python benchmarks/quantized_decoding.py --accuracy {n} --out {args.out}`  ",
+             f"Command: `python benchmarks/quantized_decoding.py --accuracy {n} --task {args.task} --max-answer-tokens "
+             f"{args.max_answer_tokens} --out {args.out}`  ",
              f"Machine: {machine()}, {args.threads} threads, torch {torch.__version__}, "
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  ",
-             f"{n} held-out gsm_symbolic questions (seed 0), bare, through the chat template, NTP greedy, 256 tokens "
+             f"{n} held-out {args.task} questions (seed 0), bare, through the chat template, NTP greedy, "
+             f"{args.max_answer_tokens} tokens "
              "(sbd-verify gives the same tokens of each format: results.md). float32 is the GGUF's Q4_1 weights "
              "dequantized, as `sbd.load(\"smollm2\")` imports them.", "",
              "| weights | correct final answers | of float32's correct ones kept | same final answer as float32 "
@@ -126,7 +131,8 @@ def accuracy(models, args, torch) -> None:
         agree = sum(a == b for a, b in zip(answers[fmt], answers["float32"]))
         lines.append(f"| {fmt} | {sum(right[fmt])}/{n} | {kept}/{sum(base)} | {agree}/{n} | {same}/{n} |")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "accuracy.md").write_text("\n".join(lines) + "\n")
+    name = "accuracy.md" if args.task == "gsm_symbolic" else f"accuracy_{args.task}.md"
+    (args.out / name).write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
