@@ -58,9 +58,10 @@ def run(folder, prompts_file, out, *args) -> dict:
 
 # -- fast: no engine ---------------------------------------------------------------------------------
 def test_lookup_matches_sbd():
-    """The proposer's prompt lookup is sbd's (`LookupIndex`, what `VerifyRow` drafts with) token for token."""
+    """The proposer's prompt lookup (the scan `draft`) is sbd's (`LookupIndex`, what `VerifyRow` drafts
+    with) token for token."""
     from sbd.decoding.proposers.lookup import LookupIndex
-    from sbd.integrations.vllm.proposer import lookup
+    from sbd.decoding.proposers.lookup import draft as lookup
 
     rng = np.random.default_rng(0)
     for trial in range(300):

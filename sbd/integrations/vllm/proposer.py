@@ -12,22 +12,15 @@ vLLM schedules the draft as speculative tokens, verifies them with its own rejec
 refuses the masks (their logit is -inf), so the outputs are vLLM's outputs without speculation. A lookup
 draft goes without masks, as in sbd (`VerifyRow.feed`): if it all stands, lookup drafts again.
 
-Drafting (`sbd_draft`): "adaptive" (default) is sbd's `draft="adaptive"` per request: each request
-holds a `DraftPolicy` (`sbd.decoding.draft_policy`), the object every sbd-verify row holds: the number
-of masks from the masks' acceptance record (`best_draft_length`), a lookup draft only as long as pays on
-lookup's record (`best_lookup_length`), a chain of the masks' argmax cut where they are unsure
-(`confident_length`; a sampler head's chains are not cut, `DraftOptions.cut_head_chains`). The cost those
-rules price widths with is this engine's, measured online (`StepCost`, the one sbd's engine holds), apart for forwards with masks
-and without (the same compiled graph, but the stash and the gate's bookkeeping are theirs alone). In a batch of B requests a
-request's extra width delays all B, so its cost is 1 + B·(T(B − 1 + w)/T(B) − 1) (T: step time at a
-total width): drafting then pays only when the tokens it adds beat that, and when no draft pays for
-any request the proposer returns no drafts, so vLLM runs the step as it would without speculation.
-Then one decision for the whole step (`_decide`): the step's expected tokens per unit of measured time
-(T(total width)/T(B)) against a plain step's B tokens, dropping the least valuable drafts first while that
-pays; a plain step when nothing does. Where sbd's rows always draft at least one lookup token, a lookup
-draft that does not pay is a plain step here (`DraftPolicy.lookup_length`, skip_unpaid). Probes are
-batch-wide: after `DraftOptions.probe_every` − 1 plain engine steps, one step lets every request put up
-a one-token probe (undecided), so at most one probe step in 16.
+Drafting (`sbd_draft`): "adaptive" (default) is sbd's `draft="adaptive"` per request: each request holds
+the `DraftPolicy` every sbd-verify row holds (mask count, lookup length, chains cut where the masks are
+unsure). Widths are priced by this engine's own step times (`StepCost`, the class sbd's engine holds, kept
+apart for forwards with masks and without); in a batch of B a request's extra width delays all B (1 +
+B·(T(B − 1 + w)/T(B) − 1)). Then one decision for the whole step (`sbd.decoding.batch_drafts`): the least
+valuable drafts go first while that pays, a plain step when nothing does. A lookup draft that does not pay
+is a plain step here (`DraftPolicy.lookup_length`, skip_unpaid). Probes are batch-wide: after
+`DraftOptions.probe_every` − 1 plain engine steps, one step lets every request put up a one-token probe.
+vLLM's runner is read in `runner.py` only; the masks' chains are built in `chains.py`, counters in `stats.py`.
 "block": always k masks (`sbd_masks`) and full lookup drafts (the fixed rule, for comparison/tests).
 
 Settings (model config keys, `hf_overrides` can set them): `sbd_masks` (k, the most masks; default the
@@ -44,45 +37,18 @@ process; this is how the tests read tokens per forward).
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 import time
 
-import torch
-
+from sbd.decoding.batch_drafts import drafts_to_drop
 from sbd.decoding.defaults import from_record
-from sbd.decoding.draft_lengths import expected_tokens
 from sbd.decoding.draft_policy import DEFAULT_OPTIONS, LOOKUP_MAX, DraftOptions, DraftPolicy
-from sbd.decoding.proposers import chain as mask_chain
 from sbd.decoding.proposers import lookup as sbd_lookup
 from sbd.decoding.width_cost import StepCost
 
-
-def lookup(seq, lookup_max: int) -> list[int]:
-    """Prompt lookup as sbd does it: `sbd.decoding.proposers.lookup.draft` (the scan; sbd's rows keep
-    its index, `LookupIndex`, which drafts the same tokens)."""
-    return sbd_lookup.draft(seq, lookup_max)
-
-
-def _find_runner(proposer, depth: int = 8):
-    """The model runner that owns `proposer`: the caller of `load_model`.
-
-    vLLM 0.32 gives a `custom_class` proposer no handle on its runner: the class is built with the
-    `VllmConfig` alone (`create_custom_proposer`), `load_model` gets the model alone, and `propose` gets
-    `sampled_token_ids`, the batch's `num_tokens_no_spec` and `token_ids_cpu` arrays and `slot_mappings`,
-    never the request ids, the drafts scheduled or `query_start_loc` (the built-in proposers that need
-    them, EAGLE and the GPU n-gram one, are handed the runner itself). The forward context holds neither.
-    So the runner is the frame that called `load_model` with this proposer as its `drafter`, found once."""
-    frame = sys._getframe(2)
-    for _ in range(depth):
-        if frame is None:
-            break
-        owner = frame.f_locals.get("self")
-        if getattr(owner, "drafter", None) is proposer and hasattr(owner, "input_batch"):
-            return owner
-        frame = frame.f_back
-    raise RuntimeError("SBDProposer.load_model was not called by a vLLM model runner that holds it as its drafter")
+from . import stats
+from .chains import mask_chains
+from .runner import RunnerView, find_runner
 
 
 class _Req:
@@ -107,9 +73,7 @@ class SBDProposer:
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.cfg = vllm_config.model_config.hf_config
         self.model = self.runner = None
-        self.stats = {"steps": 0, "tokens": 0, "lookup_drafts": 0, "mask_drafts": 0, "chain_tokens": 0,
-                      "empty_drafts": 0, "plain_engine_steps": 0, "engine_steps": 0, "logits_fallback": 0,
-                      "head_chains": 0}
+        self.stats = stats.fresh()
         self._stats_path = os.environ.get("SBD_VLLM_STATS")
         self._trace_path = os.environ.get("SBD_VLLM_TRACE")  # JSON lines: one per request and step (tests)
         self._reqs: dict[str, _Req] = {}
@@ -122,9 +86,9 @@ class SBDProposer:
         if not hasattr(model, "sbd_bind"):
             raise TypeError(f"SBDProposer needs one of sbd's model classes (SBDLlamaForCausalLM, ...), got "
                             f"{type(model).__name__}: select it with the config's architectures or hf_overrides")
-        self.runner = _find_runner(self)
+        self.runner = RunnerView(find_runner(self))
         self.model = model
-        model.sbd_bind(self._batch_view)
+        model.sbd_bind(self.runner.batch_view)
         self.mask_id = model.sbd_mask_id
         adapter = model.sbd_adapter_config
         # the drafting settings the adapter records, read as sbd's own engine reads them (`from_record`); without
@@ -149,13 +113,6 @@ class SBDProposer:
         # whether vLLM runs the model compiled (then every forward, with masks or without, is its graph)
         self.stats["compiled"] = not getattr(getattr(model, "model", None), "do_not_compile", True)
 
-    def _batch_view(self):
-        batch = self.runner.input_batch
-        n = batch.num_reqs
-        qsl = self.runner.query_start_loc.np[: n + 1]
-        ids = getattr(self.runner.input_ids, "cpu", None)  # vLLM's host copy of the forward's input ids
-        return batch.req_ids[:n], batch.spec_token_ids[:n], qsl, None if ids is None else ids[: int(qsl[-1])]
-
     # -- cost ---------------------------------------------------------------------------------------
     def _measure(self, now: float, req_ids, sampled_token_ids, gated: bool) -> None:
         """One engine step's time (since the previous propose) against its total scheduled width, in the
@@ -166,7 +123,7 @@ class SBDProposer:
         prev_ids, self._last_ids = self._last_ids, ids
         if last is None or not ids or not ids <= prev_ids or any(not s for s in sampled_token_ids):
             return
-        width = int(self.runner.query_start_loc.np[len(req_ids)])
+        width = self.runner.total_width(len(req_ids))
         (self.gated_cost if gated else self.cost_model).add(width, now - last)
 
     def _cost(self, batch: int, masks: bool = False):
@@ -188,103 +145,37 @@ class SBDProposer:
             r.policy.record(r.source, kept, kept < n)
 
     def _lookup_draft(self, r: _Req, seq, room: int, cost, probe: bool) -> list[int]:
-        found = lookup(seq, min(self.lookup_max, room))
+        found = sbd_lookup.draft(seq, min(self.lookup_max, room))  # sbd's scan (rows keep its index)
         if self.mask_id in found:  # a mask token copied from a prompt: never a draft token
             found = found[: found.index(self.mask_id)]
         # a lookup draft that does not pay even at its best length is a plain step here (sbd's rows
         # always draft >= 1 to keep lookup's record growing: here only as a probe)
         return found[: r.policy.lookup_length(len(found), cost, skip_unpaid=True, probe=probe)]
 
-    @torch.inference_mode()
-    def _chains(self, stash, want: dict[int, int], sampled) -> dict[int, tuple[list[int], list[float] | None]]:
-        """Per batch index in `want` (index -> masks of the next draft): the masks' chain for the next
-        step (masks 2..k of this step) and, without a sampler head, each token's drafting probability."""
-        req_ids = self.runner.input_batch.req_ids
-        keep = []
-        for i, req_id, n_draft, at, m in stash.segments:  # at: first chain row (masks 2..m) in the stash
-            if m >= 2 and i in want and req_ids[i] == req_id and len(sampled[i]) == n_draft + 1:
-                keep.append((i, at, m - 1))
-        if not keep:
-            return {}
-        rows = torch.cat([torch.arange(at, at + c) for _, at, c in keep]) if len(keep) > 1 else \
-            torch.arange(keep[0][1], keep[0][1] + keep[0][2])
-        hidden = stash.hidden.index_select(0, rows)
-        if stash.logits is not None:
-            logits = stash.logits.index_select(0, rows).float()
-        else:  # compute_logits did not see this forward's rows (should not happen): project again
-            self.stats["logits_fallback"] += 1
-            logits = self.model.sbd_mask_logits(hidden)
-        chains, at = {}, 0
-        if self.head is None:
-            best, probs = mask_chain.masks_top(logits, self.adaptive and self.options.cuts_chains(False))
-            best, probs = best.tolist(), probs.tolist() if probs is not None else None
-            for i, _, c in keep:
-                chains[i] = (best[at : at + c], probs[at : at + c] if probs is not None else None)
-                at += c
-            return chains
-        from sbd.drafters.sampler_head import draft_table, walk
-
-        tables = self.model.sbd_tables()
-        for i, _, c in keep:
-            first = torch.tensor(sampled[i][-1])
-            values = draft_table(self.head, tables, hidden[at : at + c].float(), logits[at : at + c], first)
-            chains[i] = (walk(values.tolist(), c), None)
-            at += c
-        self.stats["head_chains"] += len(keep)
-        return chains
-
-    def _decide(self, drafts, req_ids, sampled_token_ids, batch: int) -> None:
-        """One decision for the whole step: the drafts as chosen per request, or fewer, or none (a plain
-        step), whichever yields the most expected tokens per unit of step time. A request's draft is
-        priced as sbd's rules price it: a mask draft of k masks as its steady state (k − 1 chain tokens
-        standing at the masks' record, 2k wide), a lookup draft of d tokens at lookup's record, 1 + d wide.
-        The step's time is T(total width)/T(batch) (`StepCost`; with `sbd_cost_slope` 1 + slope·(W − B)),
-        T read from the forwards with masks once a mask draft is in the step.
-        Drafts are dropped least valuable (extra tokens per extra width) first; the best prefix wins."""
+    def _decide(self, drafts, req_ids, batch: int) -> None:
+        """One decision for the whole step (`sbd.decoding.batch_drafts`): the drafts as chosen, or fewer, or
+        none. The step's time is T(total width)/T(batch) (`StepCost`, read from the forwards with masks once
+        a mask draft is in the step; with `sbd_cost_slope` 1 + slope·(W − B))."""
         if self.fixed_slope is not None:
             slope = self.fixed_slope
 
-            def ratio(w, gated=False):
+            def ratio(w, gated):
                 return 1.0 + slope * (w - batch)
         else:
             base = self.cost_model.time(batch)
 
-            def ratio(w, gated=False):
+            def ratio(w, gated):
                 return (self.gated_cost if gated else self.cost_model).time(w) / base
-        gains = []  # (extra tokens, extra width, index)
-        for i, d in enumerate(drafts):
-            if not d:
-                continue
-            policy = self._reqs[req_ids[i]].policy
-            if d[-1] == self.mask_id:
-                k = len(d) - d.index(self.mask_id)
-                tokens, width = expected_tokens(policy.alpha("masks"), k - 1), 2 * k
-            else:
-                tokens, width = expected_tokens(policy.alpha("lookup"), len(d)), 1 + len(d)
-            gains.append((tokens - 1.0, max(1, width - 1), i, d[-1] == self.mask_id))
-        gains.sort(key=lambda g: g[0] / g[1], reverse=True)
-        best, best_n = batch / ratio(batch), 0
-        tokens, width, gated = float(batch), batch, False
-        for n, (t, w, _, masks) in enumerate(gains, 1):
-            tokens, width, gated = tokens + t, width + w, gated or masks
-            v = tokens / ratio(width, gated)
-            if v > best + 1e-12:
-                best, best_n = v, n
-        for _, _, i, _ in gains[best_n:]:
+        policies = [self._reqs[r].policy if d else None for r, d in zip(req_ids, drafts)]
+        for i in drafts_to_drop(drafts, policies, self.mask_id, batch, ratio):
             drafts[i] = []
             self._reqs[req_ids[i]].source = None
 
-    def _trace(self, i, sampled, context, draft) -> None:
-        with open(self._trace_path, "a") as f:
-            f.write(json.dumps({"req": self.runner.input_batch.req_ids[i], "t": time.perf_counter(),
-                                "sampled": list(sampled), "context": list(map(int, context)), "draft": draft}) + "\n")
-
     def propose(self, sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None, **kwargs):
         now = time.perf_counter()
-        batch = self.runner.input_batch
         nreq = len(sampled_token_ids)
-        req_ids = batch.req_ids[:nreq]
-        specs = batch.spec_token_ids
+        req_ids = self.runner.req_ids(nreq)
+        specs = self.runner.spec_token_ids()
         stash = self.model.sbd_take_stash()  # None: this step's forward had no masks
         self._measure(now, req_ids, sampled_token_ids, stash is not None)
         self._step += 1
@@ -328,7 +219,11 @@ class SBDProposer:
                 wants_chain[i] = min(r.policy.n_masks, room)
             drafts[i] = draft
         if wants_chain:
-            chains = self._chains(stash, wants_chain, sampled_token_ids) if stash is not None else {}
+            chains, again = mask_chains(self.model, self.head, stash, wants_chain, sampled_token_ids,
+                                        self.runner.req_ids(), self.adaptive and self.options.cuts_chains(False)) \
+                if stash is not None else ({}, False)
+            self.stats["logits_fallback"] += again
+            self.stats["head_chains"] += len(chains) if self.head is not None else 0
             for i, k in wants_chain.items():
                 chain, probs = chains.get(i, ([], None))
                 chain = chain[: min(self.num_spec, self.max_model_len - int(num_tokens_no_spec[i]) - 1) - k]
@@ -337,27 +232,18 @@ class SBDProposer:
                 drafts[i] = chain + [self.mask_id] * k
                 self._reqs[req_ids[i]].source = "masks"
         if self.adaptive and not probe and any(drafts):
-            self._decide(drafts, req_ids, sampled_token_ids, active)
+            self._decide(drafts, req_ids, active)
         self._plain_run = 0 if any(drafts) else self._plain_run + 1
-        empty = 0
-        for i, sampled in enumerate(sampled_token_ids):
-            if sampled:
-                empty += not drafts[i]
-                if drafts[i] and drafts[i][-1] == self.mask_id:
-                    self.stats["mask_drafts"] += 1
-                    self.stats["chain_tokens"] += drafts[i].index(self.mask_id)
-                elif drafts[i]:
-                    self.stats["lookup_drafts"] += 1
-                if self._trace_path:
-                    self._trace(i, sampled, token_ids_cpu[i, : int(num_tokens_no_spec[i])], drafts[i])
-        self.stats["empty_drafts"] += empty
-        self.stats["engine_steps"] += 1
-        self.stats["plain_engine_steps"] += not any(drafts)
+        stats.count_drafts(self.stats, drafts, sampled_token_ids, self.mask_id)
+        if self._trace_path:
+            for i, sampled in enumerate(sampled_token_ids):
+                if sampled:
+                    stats.trace(self._trace_path, req_ids[i], sampled,
+                                token_ids_cpu[i, : int(num_tokens_no_spec[i])], drafts[i])
         self.stats["forwards"] = self.model.sbd_forwards
         self.stats["eager_forwards"] = self.model.sbd_eager_forwards()
         if len(self._reqs) > 4 * max(8, nreq):  # forget finished requests
             self._reqs = {k: v for k, v in self._reqs.items() if v.seen >= self._step - 1}
         if self._stats_path:
-            with open(self._stats_path, "w") as f:
-                json.dump(self.stats, f)
+            stats.write(self._stats_path, self.stats)
         return drafts
