@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 
 import sbd
 from sbd.drafters import adapter as adapters
+from sbd.decoding.proposers import head as head_drafts
 from sbd.drafters import sampler_head as heads
 from sbd.cli import main
 from sbd.models import tiny
@@ -104,19 +105,19 @@ def test_table_walk_equals_left_to_right_rescoring(top_k):
         changed = 0
         for hidden, logits in random_positions(model, 6):
             with torch.no_grad():
-                values = heads.draft_table(head, model, hidden, logits, torch.tensor(7, device=model.device)).tolist()
+                values = head_drafts.draft_table(head, model, hidden, logits, torch.tensor(7, device=model.device)).tolist()
                 want = naive_chain(model, head, hidden, logits, 7, top_k)
-            assert heads.walk(values, 6) == want
+            assert head_drafts.walk(values, 6) == want
             changed += want != logits.argmax(-1).tolist()
             with torch.no_grad():  # with the head's probability of every pick (adaptive drafting cuts by it)
                 first = torch.tensor(7, device=model.device)
-                with_p = heads.draft_table(head, model, hidden, logits, first, probs=True).tolist()
+                with_p = head_drafts.draft_table(head, model, hidden, logits, first, probs=True).tolist()
                 _, want_p = naive_chain(model, head, hidden, logits, 7, top_k, probs=True)
-            chain, chances = heads.walk(with_p, 6, probs=True)
+            chain, chances = head_drafts.walk(with_p, 6, probs=True)
             assert chain == want and chances == pytest.approx(want_p, abs=1e-5)
             assert top_k > 1 or chances == [1.0] * 6
         assert changed if top_k > 1 else not changed  # the head rescored something (top_k 1: nothing to choose)
-        assert heads.walk([], 0) == [] and heads.walk([], 0, probs=True) == ([], [])
+        assert head_drafts.walk([], 0) == [] and head_drafts.walk([], 0, probs=True) == ([], [])
     finally:
         heads.detach(model)
 
@@ -132,9 +133,9 @@ def test_the_table_reads_a_bfloat16_models_tables_with_a_float32_head():
         hidden = torch.randn(4, model.config.hidden_size, generator=g, device="cpu").to(model.device)
         logits = model.get_output_embeddings()(hidden)
         with torch.no_grad():
-            want = heads.draft_table(head, model, hidden, logits, torch.tensor(7, device=model.device))
+            want = head_drafts.draft_table(head, model, hidden, logits, torch.tensor(7, device=model.device))
             model.get_input_embeddings().to(torch.bfloat16)
-            got = heads.draft_table(head, model, hidden.bfloat16(), logits, torch.tensor(7, device=model.device))
+            got = head_drafts.draft_table(head, model, hidden.bfloat16(), logits, torch.tensor(7, device=model.device))
         assert got.shape == want.shape and got[:12].tolist() == want[:12].tolist()  # the same candidates
     finally:
         model.get_input_embeddings().to(torch.float32)
@@ -242,7 +243,7 @@ def _row_forward(model, row, first_token, seed):
         logits[i, nxt] = 10.0
     masks = logits[n_commit + 1:].clone()
     masks[:, model.config.sbd_mask_token_id] = torch.finfo(masks.dtype).min
-    values = row.ask(logits, drafting=heads.Drafting(heads.head_of(model), model, hidden))
+    values = row.ask(logits, drafting=head_drafts.Drafting(heads.head_of(model), model, hidden))
     row.answer(values.tolist())
     return hidden[n_commit + 1:], masks
 

@@ -21,6 +21,7 @@ from test_sampler_head import _argv, _run, _setup, attach_random_head, head_trai
 
 import sbd
 from sbd.drafters import adapter as adapters
+from sbd.decoding.proposers import head as head_drafts
 from sbd.drafters import sampler_head as heads
 from sbd.cli import main
 
@@ -61,13 +62,13 @@ def test_state_table_walk_equals_the_chain_by_definition(top_k):
         for hidden, logits in random_positions(model, 6):
             first = torch.tensor(7, device=model.device)
             with torch.no_grad():
-                values = heads.draft_table(head, model, hidden, logits, first).tolist()
-                with_p = heads.draft_table(head, model, hidden, logits, first, probs=True).tolist()
+                values = head_drafts.draft_table(head, model, hidden, logits, first).tolist()
+                with_p = head_drafts.draft_table(head, model, hidden, logits, first, probs=True).tolist()
                 want = naive_state_chain(model, head, hidden, logits, 7, top_k)
                 carry, head.carry = head.carry, None  # the same head without its state
-                stateless = heads.walk(heads.draft_table(head, model, hidden, logits, first).tolist(), 6)
+                stateless = head_drafts.walk(head_drafts.draft_table(head, model, hidden, logits, first).tolist(), 6)
                 head.carry = carry
-            assert heads.walk(values, 6) == want == heads.walk(with_p, 6, probs=True)[0]
+            assert head_drafts.walk(values, 6) == want == head_drafts.walk(with_p, 6, probs=True)[0]
             apart += want != stateless
         assert apart if top_k > 1 else not apart  # the state changed some chains (top_k 1: nothing to choose)
     finally:
@@ -83,12 +84,12 @@ def test_a_head_that_gains_a_state_drafts_as_before():
         logits = model.get_output_embeddings()(hidden)
         first = torch.tensor(5, device=model.device)
         with torch.no_grad():
-            before = heads.draft_table(head, model, hidden, logits, first, probs=True).tolist()
+            before = head_drafts.draft_table(head, model, hidden, logits, first, probs=True).tolist()
             assert heads.add_state(model) is head and head.config.state and not head.carry.weight.any()
-            after = heads.draft_table(head, model, hidden, logits, first, probs=True).tolist()
-        chain, p = heads.walk(before, 7, probs=True)
-        assert heads.walk(after, 7, probs=True)[0] == chain
-        assert heads.walk(after, 7, probs=True)[1] == pytest.approx(p, abs=1e-6)
+            after = head_drafts.draft_table(head, model, hidden, logits, first, probs=True).tolist()
+        chain, p = head_drafts.walk(before, 7, probs=True)
+        assert head_drafts.walk(after, 7, probs=True)[0] == chain
+        assert head_drafts.walk(after, 7, probs=True)[1] == pytest.approx(p, abs=1e-6)
         assert heads.add_state(model) is head  # a head that has one keeps it
     finally:
         heads.detach(model)

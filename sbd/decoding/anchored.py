@@ -25,7 +25,7 @@ import math
 import torch
 
 from ..sampler import entropy_and_argmax, pick_tokens
-from ..drafters.sampler_head import walk
+from .proposers.head import walk
 from .forward import Feed
 from .row import Row
 

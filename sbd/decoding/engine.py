@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..drafters.sampler_head import Drafting
+from .proposers.head import Drafting
 from ..errors import SBDError
 from .cache import slot_cache
 from .forward import Feed, ModelForward

@@ -34,7 +34,7 @@ def mask_chains(model, head, stash, want: dict[int, int], sampled, req_ids, cut:
             chains[i] = (best[at : at + c], probs[at : at + c] if probs is not None else None)
             at += c
         return chains, again
-    from sbd.drafters.sampler_head import draft_table, walk
+    from sbd.decoding.proposers.head import draft_table, walk
 
     tables = model.sbd_tables()
     for i, _, c in keep:
