@@ -234,7 +234,7 @@ def test_a_resumed_runs_metrics_list_each_step_once(tmp_path):
     import json
     from types import SimpleNamespace
 
-    from sbd.training.trainer import _MetricsLog
+    from sbd.training.callbacks import _MetricsLog
 
     path = tmp_path / "metrics.jsonl"
     lines = [{"step": 5, "loss": 2.0}, {"step": 7, "loss": 1.5}, {"step": 7, "train_runtime": 9.0},  # interrupted at 7

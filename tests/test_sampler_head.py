@@ -395,7 +395,7 @@ def head_training_forward(model, tok, k):
     """The training forward's head terms on a small batch (`head_batch`: logits, targets, use) and, by hand,
     the plain doubled forward's final hidden states (B, T, H), with the gate at the clean length."""
     from sbd.training.adapter_forward import adapter_logits
-    from sbd.training.trainer import head_batch
+    from sbd.training.head_loss import head_batch
 
     clean, batch, prev, src = _batch(model, tok, k)
     n, labels = batch["num_clean"], batch["labels"]

@@ -21,24 +21,23 @@ scheduler, RNG and data position. This subclass adds the SBD parts:
   its labelled positions and targets are found too, and copied without waiting; the loss and the gradient
   norm are checked for NaN/inf in one read before every log line and checkpoint (the Trainer's own
   per-step read of the loss, `logging_nan_inf_filter`, is off: SBDTrainer stops on a non-finite loss).
+
+The sampler head's loss is in `head_loss.py`, the callbacks (stop, convergence log, progress bar, metrics
+file) in `callbacks.py`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import math
-import os
 import random
 import signal
-import sys
 import threading
 import time
 
-from dataclasses import dataclass
 
 import torch
-from transformers import Trainer, TrainerCallback, TrainingArguments
+from transformers import Trainer, TrainingArguments
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from ..drafters import adapter as adapters
@@ -50,12 +49,13 @@ from .attention import training_logits
 from .collator import SBDDataCollator
 from .adapter_forward import adapter_logits, kl_sum, latent_sum
 from .attention import labelled_rows
+from .callbacks import _ConvergenceLog, _MetricsLog, _ProgressBar, _StopCallback
 from .collator import IGNORE
 from .flex import bucket_length
+from .head_loss import HEAD_MODES, check_head_options, head_terms
 from .loss import loss_targets, position_weights, sbd_loss
 
 MODES = ("sbd", "ntp", "adapter")
-HEAD_MODES = (None, "joint", "only")  # the sampler head: not trained, trained with the adapter, trained alone
 _MASK64 = (1 << 64) - 1
 _BLOCK_TAG = 0x4B4B
 
@@ -161,7 +161,7 @@ class SBDTrainer(Trainer):
             raise SBDError(f"position_decay must lie in (0, 1], got {position_decay!r}")
         if model is None or train_dataset is None:
             raise SBDError("SBDTrainer needs a model and a train_dataset")
-        _check_head_options(model, mode, sampler_head, sampler_head_weight, kl_weight, grad_layer)
+        check_head_options(model, mode, sampler_head, sampler_head_weight, kl_weight, grad_layer)
         autocast_device = _bf16_device(model) if bf16 else None
         model_mask = getattr(model.config, "sbd_mask_token_id", None)
         if data_collator is None:
@@ -349,7 +349,7 @@ class SBDTrainer(Trainer):
             if self.latent_weight:
                 latent = latent_sum(out.hidden, out.base_hidden, out.kl_valid)
             if self.head_mode is not None:
-                head = _head_terms(model, out, labels, num_clean, previous, weights)
+                head = head_terms(model, out, labels, num_clean, previous, weights)
         elif return_outputs or not self.fast_forward:
             outputs = model(**inputs, use_cache=False)
             logits = outputs.logits
@@ -566,172 +566,3 @@ def _bf16_device(model) -> str:
         raise SBDError("bf16: this CPU has no bfloat16 path (oneDNN needs AVX-512 or AMX); emulated it runs many "
                        "times slower than float32: leave bf16 off")
     return device
-
-
-def _check_head_options(model, mode, head_mode, weight, kl_weight, grad_layer) -> None:
-    """One-line SBDError for a sampler head setting that cannot work; "only" freezes the adapter."""
-    if head_mode not in HEAD_MODES:
-        raise SBDError(f"sampler_head must be None, 'joint' or 'only', got {head_mode!r}")
-    if head_mode is None:
-        return
-    if mode != "adapter":
-        raise SBDError("a sampler head trains with a drafting adapter (mode='adapter')")
-    head = heads.head_of(model)
-    if head is None:
-        raise SBDError("sampler_head needs a head on the model: attach one first (sbd.drafters.sampler_head.attach)")
-    if not (isinstance(weight, (int, float)) and math.isfinite(weight) and weight > 0):
-        raise SBDError(f"the sampler head's loss weight must be a positive number, got {weight!r}")
-    if head_mode == "only":
-        if kl_weight or grad_layer:
-            raise SBDError("the sampler head alone trains no adapter: kl_weight and grad_layer do not apply")
-        adapter_of(model).requires_grad_(False)
-    head.requires_grad_(True)
-
-
-@dataclass
-class HeadTerms:
-    loss: torch.Tensor      # Σ (weighted) cross-entropy of the head's logits, differentiable
-    ce_sum: torch.Tensor    # detached: Σ plain cross-entropy of the head
-    base_sum: torch.Tensor  # detached: Σ cross-entropy of the masks' own logits on the same targets
-    count: torch.Tensor
-
-
-def head_batch(model, out, labels, num_clean, previous):
-    """The sampler head in teacher forcing: (logits, targets, use). `use` (N,) marks the labelled noisy
-    positions (row-major, as `out.logits`) that have a previous place in their block; at those, logits
-    = lm_head(h + MLP([h; E(true previous token)] (+ carried state))) and targets their labels. Each block
-    runs as one chain from its offset 1 (a state head carries its activation along it, as in decoding); a
-    place without a label (a revealed token, padding) feeds the chain a zero hidden state."""
-    n = int(num_clean)
-    keep = labels[:, n:] != IGNORE
-    previous = previous.to(keep.device)
-    b, m = previous.shape
-    blocks = int((previous[0] < 0).sum())  # every block starts with −1, and nothing else is negative
-    k = m // max(blocks, 1)
-    if blocks < 1 or k * blocks != m:
-        raise SBDError(f"previous tokens of {m} noisy positions do not split into equal blocks")
-    grid = out.hidden.new_zeros(b, m, out.hidden.shape[-1])
-    grid[keep] = out.hidden                                             # unlabelled places: zeros
-    rows = grid.view(b * blocks, k, -1)
-    prev = previous.clamp_min(0).view(b * blocks, k)[:, 1:]
-    chain = heads.chain_hidden(model, heads.head_of(model), rows[:, 1:], prev)
-    corrected = torch.cat([rows[:, :1], chain], 1).view(b, m, -1)
-    use = previous[keep] >= 0
-    logits = model.get_output_embeddings()(corrected[keep][use])
-    return logits, labels[:, n:][keep][use], use
-
-
-def _head_terms(model, out, labels, num_clean, previous, weights) -> HeadTerms:
-    """The sampler head's loss sums (`head_batch`), weighted like the masked loss when weights are given."""
-    logits, target, use = head_batch(model, out, labels, num_clean, previous)
-    ce = torch.nn.functional.cross_entropy(logits.float(), target, reduction="none")
-    total = (ce * weights.to(ce)[use]).sum() if weights is not None else ce.sum()
-    with torch.no_grad():
-        base = torch.nn.functional.cross_entropy(out.logits[use].float(), target, reduction="sum")
-    return HeadTerms(total, ce.detach().sum(), base, use.sum())
-
-
-class _StopCallback(TrainerCallback):
-    """Turns a stop request (Ctrl-C on any process) into save + stop after the current step."""
-
-    def __init__(self, trainer: SBDTrainer):
-        self.trainer = trainer
-
-    def on_step_end(self, args, state, control, **kwargs):
-        flag = self.trainer._stop_requested
-        if args.world_size > 1:
-            t = torch.tensor([float(flag)], device=args.device)
-            flag = bool(self.trainer.accelerator.reduce(t, reduction="sum").item() > 0)
-        if flag:
-            self.trainer.interrupted = True
-            control.should_save = control.should_training_stop = control.should_log = True
-        return control
-
-
-class _ConvergenceLog(TrainerCallback):
-    """Every `every` steps and at the end: the held-out masked vs NTP accuracy, logged like the losses."""
-
-    def __init__(self, trainer: SBDTrainer, examples: list, every: int, block_size: int):
-        self.trainer, self.examples, self.every, self.block_size = trainer, examples, every, block_size
-
-    def on_step_end(self, args, state, control, **kwargs):
-        step = state.global_step
-        if step % self.every and step < state.max_steps and not control.should_training_stop:
-            return control
-        from .convergence import convergence_check
-
-        h = convergence_check(self.trainer.model, self.examples, block_size=self.block_size).headline()
-        self.trainer.log({"masked_acc": round(h["masked_acc"], 2), "ntp_acc": round(h["ntp_acc"], 2),
-                          "full_mask_acc": round(h["full_mask_acc"], 2), "gap": round(h["gap"], 2)})
-        return control
-
-
-class _ProgressBar(TrainerCallback):
-    """tqdm bar with loss, NTP loss, MATP loss and tokens/s (main process only)."""
-
-    def __init__(self, mode: str):
-        self.mode = mode
-        self.bar = None
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        if state.is_world_process_zero:
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=state.max_steps, initial=state.global_step, desc=f"sbd train ({self.mode})",
-                            dynamic_ncols=True)
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if self.bar is not None:
-            self.bar.update(state.global_step - self.bar.n)
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if self.bar is not None and logs and "gap" in logs:
-            self.bar.write(f"step {state.global_step}: held-out masked accuracy {logs['masked_acc']:.1f}% vs NTP "
-                           f"{logs['ntp_acc']:.1f}% (gap {logs['gap']:+.1f} points)")
-        if self.bar is not None and logs and "loss" in logs:
-            post = {"loss": f"{logs['loss']:.3f}"}
-            for key, name in (("ntp_loss", "ntp"), ("matp_loss", "matp"), ("kl", "kl"), ("head_loss", "head")):
-                if key in logs:  # what this run trains (an adapter has no next-token loss)
-                    post[name] = f"{logs[key]:.3f}"
-            post["tok/s"] = f"{logs.get('tokens_per_s', 0):.0f}"
-            self.bar.set_postfix(post, refresh=False)
-
-    def on_train_end(self, args, state, control, **kwargs):
-        if self.bar is not None:
-            self.bar.close()
-            self.bar = None
-
-
-class _MetricsLog(TrainerCallback):
-    """Appends every log entry as one json line; on resume, drops lines past the resumed step and the
-    interrupted run's closing summary."""
-
-    def __init__(self, path):
-        self.path = str(path)
-
-    def on_train_begin(self, args, state, control, **kwargs):
-        if not state.is_world_process_zero or not os.path.exists(self.path):
-            return
-        lines, torn = [], 0
-        with open(self.path, encoding="utf-8", errors="replace") as f:
-            for ln in f:
-                try:
-                    entry = json.loads(ln) if ln.strip() else None
-                except ValueError:
-                    torn += 1  # an interrupted write
-                    continue
-                # a resumed run keeps what was logged up to its step, but not the interrupted run's closing
-                # summary (train_runtime …): it sits at a step the resumed run logs again, listing it twice
-                if isinstance(entry, dict) and entry.get("step", 0) <= state.global_step and "train_runtime" not in entry:
-                    lines.append(ln if ln.endswith("\n") else ln + "\n")
-        if torn:
-            print(f"sbd: dropped {torn} unreadable line(s) of {self.path} (an interrupted write)", file=sys.stderr)
-        tmp = self.path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.writelines(lines)
-        os.replace(tmp, self.path)
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if state.is_world_process_zero and logs:
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write(json.dumps({"step": state.global_step, **logs}) + "\n")
