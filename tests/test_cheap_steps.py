@@ -212,7 +212,7 @@ def test_train_run_with_every_cheap_option(tmp_path):
 def test_cheap_options_refused_in_one_line(tmp_path, capsys):
     (tmp_path / "d.jsonl").write_text('{"text": "a b c"}\n')
     base = ["train", "--model", str(tmp_path), "--data", str(tmp_path / "d.jsonl"), "--out", str(tmp_path / "o")]
-    for extra, words in ((["--train-layers-from", "2"], "--adapter runs only"),
+    for extra, words in ((["--train-layers-from", "2"], "drafting-adapter runs only (--adapter)"),
                          (["--adapter", "lora", "--position-decay", "1.5"], "--position-decay"),
                          (["--noisy-blocks", "0"], "--noisy-blocks")):
         assert main(base + extra) == 2

@@ -16,7 +16,7 @@ from .collator import IGNORE
 HEAD_MODES = (None, "joint", "only")  # the sampler head: not trained, trained with the adapter, trained alone
 
 
-def check_head_options(model, mode, head_mode, weight, kl_weight, grad_layer) -> None:
+def check_head_options(model, mode, head_mode, weight) -> None:
     """One-line SBDError for a sampler head setting that cannot work; "only" freezes the adapter."""
     if head_mode not in HEAD_MODES:
         raise SBDError(f"sampler_head must be None, 'joint' or 'only', got {head_mode!r}")
@@ -29,9 +29,7 @@ def check_head_options(model, mode, head_mode, weight, kl_weight, grad_layer) ->
         raise SBDError("sampler_head needs a head on the model: attach one first (sbd.drafters.sampler_head.attach)")
     if not (isinstance(weight, (int, float)) and math.isfinite(weight) and weight > 0):
         raise SBDError(f"the sampler head's loss weight must be a positive number, got {weight!r}")
-    if head_mode == "only":
-        if kl_weight or grad_layer:
-            raise SBDError("the sampler head alone trains no adapter: kl_weight and grad_layer do not apply")
+    if head_mode == "only":  # (kl_weight and grad_layer with it: `sbd.training.options`)
         adapter_of(model).requires_grad_(False)
     head.requires_grad_(True)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import SBDError
+from .options import CLI, check_adapter_options
 
 RUN_FILE = "sbd_train.json"
 METRICS_FILE = "metrics.jsonl"
@@ -165,15 +166,9 @@ class TrainConfig:
             raise SBDError("--adapter trains drafts for SBD; it cannot be combined with --mode ntp")
         if not isinstance(self.alpha, (int, float)) or not math.isfinite(self.alpha) or self.alpha <= 0:
             raise SBDError(f"--alpha must be a positive number, got {self.alpha}")
-        if not isinstance(self.kl_weight, (int, float)) or not math.isfinite(self.kl_weight) or self.kl_weight < 0:
-            raise SBDError(f"--kl-weight must be a number >= 0, got {self.kl_weight}")
-        if self.kl_weight and self.adapter is None:
-            raise SBDError("--kl-weight applies to --adapter runs only")
-        if (not isinstance(self.latent_weight, (int, float)) or not math.isfinite(self.latent_weight)
-                or self.latent_weight < 0):
-            raise SBDError(f"--latent-weight must be a number >= 0, got {self.latent_weight}")
-        if self.latent_weight and (self.adapter is None or self.sampler_head_only):
-            raise SBDError("--latent-weight applies to --adapter runs that train the adapter only")
+        check_adapter_options(CLI, adapter=self.adapter is not None, head_only=self.sampler_head_only,
+                              kl_weight=self.kl_weight, latent_weight=self.latent_weight,
+                              grad_layer=self.train_layers_from, position_decay=self.position_decay)
         if self.max_len is not None and self.max_len < 2:
             raise SBDError(f"--max-len must be >= 2, got {self.max_len}")
         if not 1 <= self.block_size_min <= self.block_size_max:
@@ -185,13 +180,6 @@ class TrainConfig:
             raise SBDError(f"--suffix-share must lie in [0, 1], got {self.suffix_share}")
         if self.noisy_blocks is not None and (not isinstance(self.noisy_blocks, int) or self.noisy_blocks < 1):
             raise SBDError(f"--noisy-blocks must be >= 1, got {self.noisy_blocks!r}")
-        if (self.train_layers_from or self.position_decay is not None) and self.adapter is None:
-            raise SBDError("--train-layers-from and --position-decay apply to --adapter runs only")
-        if not isinstance(self.train_layers_from, int) or self.train_layers_from < 0:
-            raise SBDError(f"--train-layers-from must be >= 0, got {self.train_layers_from!r}")
-        if self.position_decay is not None and not (
-                isinstance(self.position_decay, (int, float)) and 0 < self.position_decay <= 1):
-            raise SBDError(f"--position-decay must lie in (0, 1], got {self.position_decay}")
         self._validate_head()
         if self.resume and self.overwrite:
             raise SBDError("--resume (continue the run in --out) and --overwrite (replace it) cannot be combined; "
@@ -227,8 +215,6 @@ class TrainConfig:
         if self.sampler_head_only and self.sampler_head_weight != 1.0:
             raise SBDError("--sampler-head-weight weighs the head against the masked loss; --sampler-head-only "
                            "has no masked loss to weigh against")
-        if self.sampler_head_only and (self.kl_weight or self.train_layers_from):
-            raise SBDError("--sampler-head-only trains no adapter: --kl-weight and --train-layers-from do not apply")
 
     @property
     def warmup(self) -> int:

@@ -54,6 +54,7 @@ from .collator import IGNORE
 from .flex import bucket_length
 from .head_loss import HEAD_MODES, check_head_options, head_terms
 from .loss import loss_targets, position_weights, sbd_loss
+from .options import PYTHON, check_adapter_options
 
 MODES = ("sbd", "ntp", "adapter")
 _MASK64 = (1 << 64) - 1
@@ -149,19 +150,12 @@ class SBDTrainer(Trainer):
             raise SBDError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
         if mode == "adapter" and adapter_of(model) is None:
             raise SBDError("mode='adapter' trains a drafting adapter: attach one first (sbd.drafters.adapter.attach)")
-        if kl_weight and mode != "adapter":
-            raise SBDError("kl_weight applies to mode='adapter' only")
-        if not isinstance(latent_weight, (int, float)) or not latent_weight >= 0:
-            raise SBDError(f"latent_weight must be a number >= 0, got {latent_weight!r}")
-        if latent_weight and (mode != "adapter" or sampler_head == "only"):
-            raise SBDError("latent_weight applies to mode='adapter' only, with the adapter training")
-        if (grad_layer or position_decay is not None) and mode != "adapter":
-            raise SBDError("grad_layer and position_decay apply to mode='adapter' only")
-        if position_decay is not None and not (isinstance(position_decay, (int, float)) and 0 < position_decay <= 1):
-            raise SBDError(f"position_decay must lie in (0, 1], got {position_decay!r}")
+        check_adapter_options(PYTHON, adapter=mode == "adapter", head_only=sampler_head == "only",
+                              kl_weight=kl_weight, latent_weight=latent_weight, grad_layer=grad_layer,
+                              position_decay=position_decay)
         if model is None or train_dataset is None:
             raise SBDError("SBDTrainer needs a model and a train_dataset")
-        check_head_options(model, mode, sampler_head, sampler_head_weight, kl_weight, grad_layer)
+        check_head_options(model, mode, sampler_head, sampler_head_weight)
         autocast_device = _bf16_device(model) if bf16 else None
         model_mask = getattr(model.config, "sbd_mask_token_id", None)
         if data_collator is None:
