@@ -154,9 +154,9 @@ def test_bad_lever_values_are_refused_in_one_line(tmp_path, capsys, tokenizer):
     (tmp_path / "d.jsonl").write_text('{"prompt": "count 1:", "completion": " 2 3 4 5 6"}\n' * 4)
     argv = ["train", "--model", str(tmp_path / "model"), "--data", str(tmp_path / "d.jsonl"), "--out",
             str(tmp_path / "out"), "--steps", "1", "--no-progress"]
-    for bad, expect in ((["--latent-weight", "1"], "--latent-weight applies to --adapter"),
+    for bad, expect in ((["--latent-weight", "1"], "--latent-weight applies to drafting-adapter runs only"),
                         (["--adapter", "lora", "--latent-weight", "-0.5"], "--latent-weight must be"),
-                        (["--adapter", "lora", "--sampler-head-only", "--latent-weight", "1"], "train the adapter")):
+                        (["--adapter", "lora", "--sampler-head-only", "--latent-weight", "1"], "trains no adapter")):
         assert main(argv + bad) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and expect in err[0], err

@@ -98,7 +98,7 @@ def test_completion_logprobs_equal_offline(demo, live, client, method):  # noqa:
     chunks = _stream(live, "/v1/completions", {"prompt": PROMPTS[0], "max_tokens": 12, "logprobs": 3,
                                                "method": method})
     streamed = [x for c in chunks if c["choices"][0]["logprobs"] for x in c["choices"][0]["logprobs"]["token_logprobs"]]
-    assert streamed == lp.token_logprobs
+    assert streamed == pytest.approx(lp.token_logprobs, abs=1e-5)  # another call: other widths maybe (above)
 
 
 def test_chat_logprobs_and_top_logprobs_equal_offline(demo, client):  # noqa: F811
