@@ -9,11 +9,12 @@ rows) unless the output layer shares them. `sbd forward-cost` reports each measu
 
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass
 
 import torch
+
+from .hardware import _median_seconds
+from .roofline import ModelShape
 
 
 @dataclass(frozen=True)
@@ -49,12 +50,8 @@ def weight_bytes(model) -> int:
 
 def kv_bytes_per_position(model) -> int:
     """Bytes of one cached position of one row: keys and values of every layer, in the model's dtype."""
-    cfg = model.config.get_text_config(decoder=True)
-    heads = cfg.num_attention_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-    size = model.get_input_embeddings().weight.element_size()
-    return 2 * cfg.num_hidden_layers * kv_heads * head_dim * size
+    m = ModelShape.from_config(model.config)
+    return 2 * m.layers * m.kv_heads * m.head_dim * model.get_input_embeddings().weight.element_size()
 
 
 def read_bandwidth(device: str | torch.device = "cpu", mib: int | None = None, repeats: int = 5) -> float:
@@ -63,17 +60,7 @@ def read_bandwidth(device: str | torch.device = "cpu", mib: int | None = None, r
     dev = torch.device(device)
     size = (mib or (512 if dev.type == "cpu" else 2048)) * 2 ** 20
     x = torch.ones(size // 4, dtype=torch.float32, device=dev)
-    times = []
-    for i in range(repeats + 1):
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        start = time.perf_counter()
-        x.sum()
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-        if i:
-            times.append(time.perf_counter() - start)
-    return size / statistics.median(times)
+    return size / _median_seconds(x.sum, dev, repeats)
 
 
 def floor_of(model, bandwidth: float | None = None) -> Floor:

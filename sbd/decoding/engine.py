@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .proposers.head import Drafting
 from ..errors import SBDError
 from .cache import slot_cache
 from .forward import Feed, ModelForward
+from .proposers.head import Drafting
 
 PREFILL_MODES = ("separate", "mixed")
 ATTENTION = ("auto", "dense")
@@ -58,8 +58,6 @@ class ForwardRecord:
         tree feed's nodes all sit there until the row's answer keeps one path)."""
         n = self.lengths[i] + self.commits[i]
         return [(layer.keys[i, :, :n], layer.values[i, :, :n]) for layer in self.cache.layers]
-
-
 
 
 def bucket(n: int) -> int:

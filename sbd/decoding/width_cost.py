@@ -65,7 +65,7 @@ class StepCost:
                  fallback: "StepCost | None" = None):
         self.prior = prior if prior is not None else (lambda w: 1.0 + prior_slope * (w - 1))
         self.fallback = fallback
-        self.path, self.stored = path, dict(stored or {})  # where the estimate is kept, and what it held
+        self.path, self.stored = path, dict(stored or {})  # where the estimate is kept, and what it held at start
         self._samples: dict[int, deque] = {}
         self._median: dict[int, float] = {}
         self._known: list[int] = []  # widths with a median, sorted
@@ -159,8 +159,9 @@ class StepCost:
         return {w: self(w) for w in self._known}
 
     def save(self) -> None:
-        """Average this process's medians into the kept estimate and write it (atomically; a read-only
-        cache is skipped): each run moves the prior half way to what it measured."""
+        """Write the kept estimate (atomically; a read-only cache is skipped): what it held when this
+        process started, averaged with what this process measured so far. However often a process saves,
+        it moves the estimate half way to its own medians, no further."""
         self._unsaved = 0
         now = self.measured()
         if self.path is None or not now:
@@ -175,7 +176,6 @@ class StepCost:
             os.replace(tmp, self.path)
         except OSError:
             return
-        self.stored = merged
 
 
 @functools.lru_cache(maxsize=1)
