@@ -156,8 +156,10 @@ def _exact(q, k, v, layout: StepLayout, scale) -> torch.Tensor:
     """The "exact" plan: every row alone; a committed token through the call a one-token forward at its
     position makes (one query over the keys up to itself), a prefill's prompt in one causal call, the block
     in one call. Padding columns attend to nothing and give zeros (nobody reads them)."""
-    out = torch.zeros_like(q)
     width = q.shape[2]
+    if len(layout.rows) == 1 and width == 1 and layout.rows[0][1:3] == (1, 1):  # one row's one token: its own call
+        return _sdpa(q, k[:, :, : layout.rows[0][0] + 1], v[:, :, : layout.rows[0][0] + 1], scale)
+    out = torch.zeros_like(q)
     for b, (length, n, c, prefill) in enumerate(layout.rows):
         first = width - n
         qb, kb, vb = q[b : b + 1], k[b : b + 1], v[b : b + 1]

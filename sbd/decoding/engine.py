@@ -80,18 +80,19 @@ class Engine:
     causal_blocks: masks attend causally among themselves too, as an engine with causal attention only
     gives them (vLLM's CPU backend): a measurement switch, exact either way for sbd-verify.
     step_cost: told the width and wall time of every decoding step (`sbd.decoding.width_cost.StepCost`),
-    from which adaptive drafting prices wider steps.
+    from which adaptive drafting prices wider steps. lean: eager forwards through sbd's own forward of
+    Llama-family models where it supports the model (None) or never (False; `sbd.decoding.llama_forward`).
     """
 
     def __init__(self, model, slots: int, capacity: int, *, max_width: int = 72, observer=None,
                  static_widths=(), call=None, prefill: str = "separate", attention: str = "auto",
-                 causal_blocks: bool = False, step_cost=None):
+                 causal_blocks: bool = False, step_cost=None, lean: bool | None = None):
         if prefill not in PREFILL_MODES:
             raise SBDError(f"unknown prefill mode {prefill!r}; choose one of {', '.join(PREFILL_MODES)}")
         if attention not in ATTENTION:
             raise SBDError(f"unknown attention {attention!r}; choose one of {', '.join(ATTENTION)}")
         self.model = model
-        self.forward = ModelForward(model, attention)  # how the model is called (attention plan, gate, capture)
+        self.forward = ModelForward(model, attention, lean)  # how the model is called (attention plan, gate, capture)
         self.device = self.forward.device
         self.static_widths = sorted(static_widths)
         if self.static_widths:  # a multiple of 256, so that calls of different budgets share shapes

@@ -26,6 +26,7 @@ from ..masks import tree_mask
 from ..models.cache_arg import cache_name
 from ..models.narrow_linear import uses_narrow_linear
 from ..models.quantized import row_invariant
+from . import llama_forward
 from .attention import (StepLayout, exact_plan, flash_causal, fold_for, head_groups, routed, rows_plan, supports,
                         uniform_plan)
 
@@ -131,9 +132,13 @@ class ModelForward:
 
     attention: "auto" routes a transformers SDPA model's attention through `sbd.decoding.attention` (no
     dense mask where the rows allow, key/value heads never copied); "dense" gives the model the dense
-    (B, 1, W, S) mask (other models always get it)."""
+    (B, 1, W, S) mask (other models always get it).
+    lean: run eager forwards through sbd's own forward of Llama-family models (`sbd.decoding.llama_forward`:
+    transformers' logits bit for bit, without its module overhead) where it supports the model (None, the
+    default) or never (False: transformers' modules, for comparisons). `self.lean` is None when it does not
+    run; `self.why_not_lean` says why."""
 
-    def __init__(self, model, attention: str = "auto"):
+    def __init__(self, model, attention: str = "auto", lean: bool | None = None):
         emb = model.get_input_embeddings().weight
         self.model = model
         self.device, self.dtype = emb.device, emb.dtype  # dtype: a folded mask's (read once, not per step)
@@ -148,6 +153,11 @@ class ModelForward:
         # row-invariant linear layers (quantized weights): attention per committed token, so that a wide
         # forward's committed positions are bitwise NTP's one-token forwards ("exact" plan)
         self.exact = self.routed and row_invariant(model)
+        self.why_not_lean = ("it was switched off" if lean is False else None if self.routed else
+                             "its attention is not routed through sbd's") or llama_forward.supported(model)
+        if self.why_not_lean is None and llama_forward.LlamaForward.foreign_hooks(model):
+            self.why_not_lean = "its decoder layers carry forward hooks"
+        self.lean = llama_forward.LlamaForward(model) if self.why_not_lean is None else None
         if row_invariant(model) and not self.routed:  # else sbd-verify would leave NTP's tokens, silently
             why = ("attention='dense' was asked for" if attention != "auto" else
                    f"its attention is {getattr(model.config, '_attn_implementation', None)!r}, not transformers' 'sdpa'")
@@ -165,7 +175,7 @@ class ModelForward:
         rank = self.adapter.config.r if self.adapter is not None else 0
         return (json.dumps(config, sort_keys=True, default=str), str(self.dtype), str(self.device), gpu,
                 str(self.narrow), str(rank), "exact" if self.exact else "routed" if self.routed else "dense",
-                str(getattr(self.model.config, "sbd_weights", None)))
+                str(getattr(self.model.config, "sbd_weights", None)), "lean" if self.lean is not None else "")
 
     def inputs(self, feeds: list[Feed], lengths: list[int], width: int, visible: int, *, static: bool = False,
                causal_blocks: bool = False, observed: bool = False) -> StepInputs:
@@ -217,13 +227,17 @@ class ModelForward:
             kw["sbd_layout"] = step.layout
         if self.adapter is not None:
             self.adapter.start = step.gate
+        lean = self.lean if call in (None, self.model) else None
         call = self.model if call is None else call
         try:
             with (capture_output_input(self.model) if head is not None else contextlib.nullcontext() as box,
-                  routed(self.model, self.routed)):
-                out = call(input_ids=step.tokens, position_ids=step.pos,
-                           attention_mask=None if self.routed else step.mask,
-                           **{self.cache_kw: cache}, use_cache=True, **kw)
+                  routed(self.model, self.routed and lean is None)):
+                if lean is not None:
+                    out = lean(step.tokens, step.pos, cache, step.layout, logits_to_keep)
+                else:
+                    out = call(input_ids=step.tokens, position_ids=step.pos,
+                               attention_mask=None if self.routed else step.mask,
+                               **{self.cache_kw: cache}, use_cache=True, **kw)
         finally:
             if self.adapter is not None:
                 self.adapter.start = None

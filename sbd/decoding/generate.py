@@ -252,7 +252,9 @@ def generate(model, tokenizer, prompts, spec: DecodeSpec | None = None, *, seed:
     engine: how the engine runs the forwards, for comparisons (`sbd.decoding.engine.Engine`'s options):
     {"attention": "dense"} gives the model the dense mask instead of sbd's attention plans;
     {"causal_blocks": True} lets masks attend causally among themselves (an engine with causal attention
-    only, as vLLM's CPU backend). The tokens of sbd-verify are the same either way.
+    only, as vLLM's CPU backend); {"lean": False} runs transformers' own modules instead of sbd's forward of
+    Llama-family models (`sbd.decoding.llama_forward`: the same logits bit for bit, faster). The tokens of
+    sbd-verify are the same either way.
     static_shapes: pad every decoding forward to one of a few fixed widths (NTP 1; SBD k and 2k; sbd-verify
     also the powers of two below its widest) over a cache of fixed size, so that its shapes never change
     (same tokens, a little more work per forward).
@@ -324,8 +326,11 @@ def _engine_options(engine: dict | None) -> dict:
     """`generate`'s engine options, checked: only those a comparison may change."""
     if engine is None:
         return {}
-    if not isinstance(engine, dict) or set(engine) - {"attention", "causal_blocks"}:
-        raise SBDError(f"engine takes {{'attention': 'auto' | 'dense', 'causal_blocks': bool}}, got {engine!r}")
+    if not isinstance(engine, dict) or set(engine) - {"attention", "causal_blocks", "lean"}:
+        raise SBDError(f"engine takes {{'attention': 'auto' | 'dense', 'causal_blocks': bool, 'lean': bool}}, "
+                       f"got {engine!r}")
+    if engine.get("lean", None) not in (None, True, False):
+        raise SBDError(f"engine['lean'] is True, False or None (where supported), got {engine['lean']!r}")
     return dict(engine)
 
 

@@ -121,17 +121,29 @@ def _key(name: str) -> str:
     return name.replace(".", "__")  # ParameterDict keys cannot hold dots
 
 
+def gate_output(adapter: DraftingAdapter, key: str, x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+    """The output of targeted layer `key` (`_key` of its name) for input x with the gated update added:
+    what its hook returns, and what the engine's own forward (`sbd.decoding.llama_forward`) calls."""
+    s = adapter.start
+    if s is None or (not isinstance(s, torch.Tensor) and s >= output.shape[-2]):
+        return output  # a plain forward, or a block that starts past this one: nothing to add
+    a, b = adapter.lora_A[key], adapter.lora_B[key]  # looked up each time: wrappers may replace them
+    if isinstance(s, torch.Tensor):  # one start per row
+        return gated_update(output, x, a.t(), b.t(), adapter.scaling, per_row=_row_gate(s, output))
+    return gated_update(output, x, a.t(), b.t(), adapter.scaling, start=s)
+
+
+def layer_keys(adapter: DraftingAdapter, model) -> dict[int, str]:
+    """{id(module): key} of the layers of `model` the adapter targets."""
+    names = set(adapter.names)
+    return {id(m): _key(n) for n, m in model.named_modules() if n in names}
+
+
 def _linear_hook(adapter: DraftingAdapter, name: str):
     key = _key(name)
 
     def hook(module, args, output):
-        s = adapter.start
-        if s is None or (not isinstance(s, torch.Tensor) and s >= output.shape[-2]):
-            return output  # a plain forward, or a block that starts past this one: nothing to add
-        a, b = adapter.lora_A[key], adapter.lora_B[key]  # looked up each time: wrappers may replace them
-        if isinstance(s, torch.Tensor):  # one start per row
-            return gated_update(output, args[0], a.t(), b.t(), adapter.scaling, per_row=_row_gate(s, output))
-        return gated_update(output, args[0], a.t(), b.t(), adapter.scaling, start=s)
+        return gate_output(adapter, key, args[0], output)
     return hook
 
 

@@ -1,0 +1,160 @@
+"""The engine's own forward of Llama-family models: transformers' arithmetic without its overhead.
+
+Why: at batch 1 on a CPU a decoding forward of a small model spends as much time around its kernels as
+in them. A SmolLM2-135M step with int4 weights took 10.8 ms through transformers' modules, of which the
+kernels (int4 and int8 products, attention) took ~4.3 ms; the rest was module calls, keyword plumbing,
+a bfloat16 cast per quantized layer on the way in and a float32 cast on the way out, and the rotary
+embedding rebuilt per layer. This forward runs the same operations on the same weights, in the same
+order, and gives bit for bit transformers' logits (tests/test_llama_forward.py), in 7.5 ms.
+
+What it does differently, each exact:
+- no nn.Module calls inside the decoder layers (the embedding and the output layer are still called as
+  modules: the drafting adapter's mask embedding and the sampler head's capture hook on them run);
+- quantized layers (`sbd.models.quantized`) that share an input (q, k, v; gate, up) take one bfloat16
+  copy of it, and their bfloat16 outputs are not widened: the float32 operation that reads them
+  (rotary, residual add, the activation's product) widens them exactly as a cast would;
+- the rotary embedding's cos/sin are laid out once per forward, and its half rotation is a `roll` of the
+  halves times a sine whose first half is negated: (−x₂)·s = x₂·(−s) in floating point;
+- the drafting adapter's gated update is added by the same function its hooks call (`gate_output`), only
+  on the layers it targets and only in forwards that carry a block.
+
+Models: transformers' Llama, Mistral and Qwen2 (biases included) on routed attention
+(`sbd.decoding.attention`), without an active sliding window. Anything else, or a model with forward
+hooks of its own on the decoder layers, runs through transformers (`ModelForward.lean` says which).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..drafters.adapter import adapter_of, gate_output, layer_keys
+from ..models.quantized import QuantizedLinear
+from .attention import StepLayout, attend
+
+FAMILIES = ("llama", "mistral", "qwen2")
+
+
+@dataclass
+class StepOutput:
+    logits: torch.Tensor
+
+
+def supported(model) -> str | None:
+    """None when `LlamaForward` can run `model`, else why not (a short phrase)."""
+    config = getattr(model, "config", None)
+    kind = getattr(config, "model_type", None)
+    if kind not in FAMILIES:
+        return f"its architecture is {kind!r}, not one of {', '.join(FAMILIES)}"
+    if (getattr(config, "pretraining_tp", 1) or 1) > 1:
+        return "it splits its linear layers (pretraining_tp > 1)"
+    window = getattr(config, "sliding_window", None)
+    if window is not None and getattr(config, "use_sliding_window", True) and window < config.max_position_embeddings:
+        return "it attends through a sliding window"
+    inner = getattr(model, "model", None)
+    layers = getattr(inner, "layers", None)
+    if layers is None or not hasattr(inner, "rotary_emb") or not hasattr(inner, "norm"):
+        return "its modules are not laid out as transformers' Llama"
+    for layer in layers:
+        a, m = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        if any(not hasattr(a, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj", "scaling", "head_dim")) or \
+                any(not hasattr(m, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+            return "its modules are not laid out as transformers' Llama"
+    return None
+
+
+def _norm(module) -> tuple[torch.Tensor, float]:
+    return module.weight, module.variance_epsilon
+
+
+def _rms_norm(norm: tuple[torch.Tensor, float], x: torch.Tensor) -> torch.Tensor:
+    """transformers' Llama RMSNorm, op for op; norm: (weight, epsilon)."""
+    weight, eps = norm
+    if x.dtype == torch.float32:
+        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def _linear_entry(lin, key: str | None) -> tuple:
+    """(product, quantized, bias, adapter key): a quantized layer's kernel with its tensors bound (it
+    takes the bfloat16 input), else the layer's own forward."""
+    if isinstance(lin, QuantizedLinear):
+        return lin.bound_product(), True, lin.bias, key
+    return lin.forward, False, None, key
+
+
+class LlamaForward:
+    """One decoding forward of a Llama-family model over the engine's cache (see the module docstring)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.inner = model.model
+        self.adapter = adapter_of(model)
+        keys = layer_keys(self.adapter, model) if self.adapter is not None else {}
+        self.layers = []  # per layer, what a step reads, bound once (module attribute lookups cost per call)
+        for layer in self.inner.layers:
+            a, m = layer.self_attn, layer.mlp
+            lins = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
+            self.layers.append((_norm(layer.input_layernorm), _norm(layer.post_attention_layernorm), a.head_dim,
+                                a.scaling, m.act_fn, tuple(_linear_entry(lin, keys.get(id(lin))) for lin in lins)))
+        self.final_norm = _norm(self.inner.norm)
+
+    @staticmethod
+    def foreign_hooks(model) -> bool:
+        """Whether a decoder layer's module carries forward hooks other than the drafting adapter's (this
+        forward would bypass them: then transformers runs the model). Read when an engine starts."""
+        adapter = adapter_of(model)
+        keys = layer_keys(adapter, model) if adapter is not None else {}
+        for layer in model.model.layers:
+            for mod in layer.modules():
+                if len(mod._forward_pre_hooks) or len(mod._forward_hooks) > (id(mod) in keys):
+                    return True
+        return False
+
+    def __call__(self, tokens: torch.Tensor, pos: torch.Tensor, cache, layout: StepLayout,
+                 logits_to_keep: int) -> StepOutput:
+        B, W = tokens.shape
+        h = self.inner.embed_tokens(tokens)
+        cos, sin = self.inner.rotary_emb(h, pos)
+        half = cos.shape[-1] // 2
+        cos, sin = cos[:, None], torch.cat([-sin[..., :half], sin[..., half:]], -1)[:, None]
+        gated = self.adapter is not None and self.adapter.start is not None
+        for i, (norm1, norm2, hd, scaling, act, (q, k, v, o, gate, up, down)) in enumerate(self.layers):
+            x = _rms_norm(norm1, h)
+            xq = self._bf16(x, q)
+            qs = self._linear(q, x, xq, gated).view(B, W, -1, hd).transpose(1, 2)
+            ks = self._linear(k, x, xq, gated).view(B, W, -1, hd).transpose(1, 2)
+            vs = self._linear(v, x, xq, gated).view(B, W, -1, hd).transpose(1, 2).to(h.dtype)
+            qs = qs * cos + qs.roll(half, -1) * sin
+            ks = ks * cos + ks.roll(half, -1) * sin
+            ks, vs = cache.layers[i].update(ks, vs)
+            att = attend(qs, ks, vs, layout, scaling).transpose(1, 2).reshape(B, W, -1)
+            h = h + self._linear(o, att, self._bf16(att, o), gated)
+            x = _rms_norm(norm2, h)
+            xq = self._bf16(x, gate)
+            mid = act(self._linear(gate, x, xq, gated).to(h.dtype)) * self._linear(up, x, xq, gated)
+            h = h + self._linear(down, mid, self._bf16(mid, down), gated)
+        h = _rms_norm(self.final_norm, h[:, -logits_to_keep:])
+        return StepOutput(self.model.get_output_embeddings()(h))
+
+    @staticmethod
+    def _bf16(x: torch.Tensor, entry) -> torch.Tensor | None:
+        """The input of a quantized layer as its kernel takes it (once for the layers that share it)."""
+        return x.reshape(-1, x.shape[-1]).to(torch.bfloat16) if entry[1] else None
+
+    def _linear(self, entry, x: torch.Tensor, xq: torch.Tensor | None, gated: bool) -> torch.Tensor:
+        """The layer's output for x (B, W, in): a quantized layer's in bfloat16 unless the adapter adds to it."""
+        product, quantized, bias, key = entry
+        if quantized:
+            y = product(xq).view(*x.shape[:-1], -1)
+            if bias is not None:
+                y = y + bias  # widened to the bias' dtype, as a cast before the add would
+        else:
+            y = product(x)
+        if gated and key is not None:
+            y = gate_output(self.adapter, key, x, y.to(x.dtype))
+        return y

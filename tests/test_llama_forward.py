@@ -1,0 +1,79 @@
+"""sbd's own forward of Llama-family models (`sbd.decoding.llama_forward`) gives transformers' logits bit for
+bit: every forward of a decoding (prefill, one-token steps, verifying forwards with the drafting adapter's
+gate, batched rows at different lengths), float32 and quantized, and the same tokens."""
+
+import pytest
+import torch
+
+import sbd
+from conftest import _model, attach_random_adapter, blocks, random_prompts
+from sbd.decoding.forward import ModelForward
+from sbd.errors import SBDError
+from sbd.models import quantized
+
+LEAN = ("llama", "qwen2", "mistral")
+
+
+def _records(model, prompts, lean, **kw):
+    """(tokens, [(input ids, logits) of every forward]) of one generate call."""
+    seen = []
+    out = sbd.generate(model, None, prompts, seed=0, engine={"lean": lean}, eos_token_ids=[],
+                       observer=lambda r: seen.append((r.input_ids.clone(), r.logits.clone())), **kw)
+    return out.token_ids, seen
+
+
+def _same_forwards(model, prompts, **kw):
+    want_tokens, want = _records(model, prompts, False, **kw)
+    got_tokens, got = _records(model, prompts, None, **kw)
+    assert got_tokens == want_tokens
+    assert len(got) == len(want) > 1
+    for (ids_g, lg), (ids_w, lw) in zip(got, want):
+        assert torch.equal(ids_g, ids_w)
+        assert torch.equal(lg, lw), (lg - lw).abs().max()
+
+
+@pytest.mark.parametrize("arch", LEAN)
+@pytest.mark.parametrize("method", ["ntp", "sbd", "sbd-verify"])
+def test_every_forward_is_transformers_bit_for_bit(arch, method):
+    model = _model.__wrapped__(arch, seed=4)
+    assert ModelForward(model).lean is not None
+    attach_random_adapter(model, seed=1)
+    extra = {"draft": "block"} if method == "sbd-verify" else {}
+    _same_forwards(model, random_prompts(3, 300, seed=2), method=method, max_new_tokens=12, **blocks(method, 4), **extra)
+    _same_forwards(model, random_prompts(1, 300, seed=3), method=method, max_new_tokens=12, **blocks(method, 4), **extra)
+
+
+@pytest.mark.parametrize("fmt", quantized.FORMATS)
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_quantized_forwards_are_transformers_bit_for_bit(arch, fmt):
+    model = _model.__wrapped__(arch, seed=5)
+    attach_random_adapter(model, seed=2)  # as `sbd.load` does: the adapter first, then the base layers quantized
+    quantized.quantize(model, fmt)
+    assert ModelForward(model).lean is not None
+    for method, extra in (("ntp", {}), ("sbd-verify", {"draft": "block"})):
+        _same_forwards(model, random_prompts(3, 300, seed=6), method=method, max_new_tokens=12,
+                       **blocks(method, 4), **extra)
+
+
+def test_other_models_and_foreign_hooks_run_through_transformers():
+    qwen3 = _model.__wrapped__("qwen3")
+    fwd = ModelForward(qwen3)
+    assert fwd.lean is None and "qwen3" in fwd.why_not_lean
+    llama = _model.__wrapped__("llama")
+    assert ModelForward(llama, lean=False).lean is None
+    seen = []
+    handle = llama.model.layers[0].mlp.register_forward_hook(lambda m, a, o: seen.append(1))
+    try:
+        fwd = ModelForward(llama)
+        assert fwd.lean is None and "hooks" in fwd.why_not_lean
+        sbd.generate(llama, None, [[5, 6, 7]], method="ntp", max_new_tokens=3)
+        assert seen  # the user's hook ran
+    finally:
+        handle.remove()
+    assert ModelForward(llama).lean is not None
+
+
+def test_generate_refuses_a_lean_setting_that_is_not_a_switch():
+    llama = _model("llama")
+    with pytest.raises(SBDError, match="lean"):
+        sbd.generate(llama, None, [[5, 6, 7]], method="ntp", max_new_tokens=2, engine={"lean": "yes"})
