@@ -4,6 +4,10 @@ turns prompt by prompt in one process after a warm-up call each.
 
     python benchmarks/quantized_decoding.py --n 8 --max-new-tokens 96 --out benchmarks/results/quantized_decoding
     python benchmarks/quantized_decoding.py --accuracy 40 --out benchmarks/results/quantized_decoding
+    python benchmarks/quantized_decoding.py --n 8 --max-new-tokens 96 --forwards both --out benchmarks/results/lean_forward
+
+--forwards both: every configuration also through transformers' own modules (engine={"lean": False}), in the
+same turns: sbd's own forward of Llama-family models (`sbd.decoding.llama_forward`) against what it replaces.
 
 --accuracy N instead: N held-out questions of --task (gsm_symbolic by default; bare, through the chat template,
 --max-answer-tokens tokens), NTP in each format (sbd-verify gives the same tokens), final answers scored by
@@ -43,6 +47,9 @@ def main() -> None:
     ap.add_argument("--task", default="gsm_symbolic", help="the task --accuracy scores (sbd.tasks: gsm_symbolic, "
                     "chain_sum, basic_arithmetic, number_sorting, word_sequence_reversal)")
     ap.add_argument("--max-answer-tokens", type=int, default=256, help="--accuracy: the budget of each answer")
+    ap.add_argument("--forwards", choices=("sbd", "both"), default="sbd",
+                    help="sbd: sbd's own forward where it supports the model (the default); both: also every "
+                    "configuration through transformers' modules, interleaved, for the comparison")
     args = ap.parse_args()
 
     import torch
@@ -55,38 +62,41 @@ def main() -> None:
     models = {fmt: sbd.load("smollm2", **({} if fmt == "float32" else {"weights": fmt})) for fmt in FORMATS}
     if args.accuracy:
         return accuracy(models, args, torch)
-    configs = [(fmt, method) for fmt in FORMATS for method in ("ntp", "sbd-verify")]
+    forwards = ("sbd", "transformers") if args.forwards == "both" else ("sbd",)
+    configs = [(fmt, method, fwd) for fmt in FORMATS for method in ("ntp", "sbd-verify") for fwd in forwards]
 
-    def run(fmt, method, prompt):
+    def run(fmt, method, fwd, prompt):
         model, tok = models[fmt]
-        return sbd.generate(model, tok, [prompt], method=method, max_new_tokens=args.max_new_tokens, chat=True)
+        return sbd.generate(model, tok, [prompt], method=method, max_new_tokens=args.max_new_tokens, chat=True,
+                            engine={"lean": None if fwd == "sbd" else False})
 
-    for fmt, method in configs:  # warm-up (and the forward-cost table of each format, timed once)
-        run(fmt, method, prompts[0])
+    for c in configs:  # warm-up
+        run(*c, prompts[0])
     out = {c: [] for c in configs}
     for i, p in enumerate(prompts):
         for c in configs:
             out[c].append(run(*c, p))
         print(f"prompt {i + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
-    ref = [r.token_ids[0] for r in out[("float32", "ntp")]]
+    ref = [r.token_ids[0] for r in out[("float32", "ntp", "sbd")]]
     lines = ["# Quantized weights: SmolLM2-135M-Instruct + shipped drafter, NTP vs sbd-verify", "",
              f"Command: `python benchmarks/quantized_decoding.py --n {args.n} --max-new-tokens {args.max_new_tokens} "
-             f"--out {args.out}`  ",
+             f"{' --forwards both' if args.forwards == 'both' else ''} --out {args.out}`  ",
              f"Machine: {machine()}, {args.threads} threads, torch {torch.__version__}, "
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  ",
-             f"{len(prompts)} chat prompts, batch 1, greedy, up to {args.max_new_tokens} new tokens; the six "
-             f"configurations in turns per prompt after a warm-up call each.", "",
-             "| weights | decoding | median tokens/s | tokens/s (total) | tokens per forward | sbd-verify = NTP of these weights | same answer as float32 NTP |",
-             "|---|---|---:|---:|---:|---:|---:|"]
-    for fmt, method in configs:
-        runs = out[(fmt, method)]
+             f"{len(prompts)} chat prompts, batch 1, greedy, up to {args.max_new_tokens} new tokens; the "
+             f"{len(configs)} configurations in turns per prompt after a warm-up call each. forward: sbd's own "
+             f"forward of Llama-family models, or transformers' modules.", "",
+             "| weights | decoding | forward | median tokens/s | tokens/s (total) | tokens per forward | sbd-verify = NTP of these weights | same answer as float32 NTP |",
+             "|---|---|---|---:|---:|---:|---:|---:|"]
+    for fmt, method, fwd in configs:
+        runs = out[(fmt, method, fwd)]
         tokens = sum(r.num_tokens for r in runs)
         seconds = sum(r.seconds for r in runs)
         nfe = sum(sum(r.nfe) for r in runs)
         same_ntp = "–" if method == "ntp" else \
-            f"{sum(a.token_ids == b.token_ids for a, b in zip(runs, out[(fmt, 'ntp')]))}/{len(runs)}"
+            f"{sum(a.token_ids == b.token_ids for a, b in zip(runs, out[(fmt, 'ntp', fwd)]))}/{len(runs)}"
         same_fp32 = sum(r.token_ids[0] == t for r, t in zip(runs, ref))
-        lines.append(f"| {fmt} | {method} | {statistics.median(r.num_tokens / r.seconds for r in runs):.1f} | "
+        lines.append(f"| {fmt} | {method} | {fwd} | {statistics.median(r.num_tokens / r.seconds for r in runs):.1f} | "
                      f"{tokens / seconds:.1f} | {tokens / nfe:.2f} | {same_ntp} | {same_fp32}/{len(runs)} |")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.md").write_text("\n".join(lines) + "\n")

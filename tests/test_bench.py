@@ -100,7 +100,8 @@ def test_time_forwards_times_a_drafting_adapter_on_the_block_as_decoding_runs_it
     model = _model("llama")
     ad = attach_random_adapter(model)
     seen = []
-    hook = model.register_forward_pre_hook(lambda module, args: seen.append((ad.start,)))
+    # on the embedding: every forward calls it, transformers' and sbd's own (`sbd.decoding.llama_forward`)
+    hook = model.get_input_embeddings().register_forward_pre_hook(lambda module, args: seen.append((ad.start,)))
     try:
         shapes = [Shape(1, 1, 8), Shape(1, 6, 8, 2), Shape(1, 4, 8), Shape(1, 3, 8, 3)]
         time_forwards(model, shapes, repeats=1, warmup=0)
@@ -111,6 +112,19 @@ def test_time_forwards_times_a_drafting_adapter_on_the_block_as_decoding_runs_it
     # committed tokens, a block of masks gated from 0, a forward without masks off
     assert seen[-4:] == [(None,), (2,), (0,), (None,)]
     assert ad.start is None
+
+
+def test_time_forwards_times_the_engines_own_forward(monkeypatch):
+    """"auto" shapes time what the engine runs: sbd's own forward of a Llama-family model."""
+    from conftest import _model
+    from sbd.decoding import llama_forward
+
+    calls = []
+    real = llama_forward.LlamaForward.__call__
+    monkeypatch.setattr(llama_forward.LlamaForward, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
+    time_forwards(_model("llama"), [Shape(1, 1, 8), Shape(1, 4, 8), Shape(1, 4, 8, attention="dense")],
+                  repeats=1, warmup=0)
+    assert len(calls) == 2  # the two "auto" shapes; the dense one runs transformers with its mask
 
 
 def test_command_line(tmp_path, capsys):

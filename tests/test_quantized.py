@@ -131,6 +131,10 @@ def test_load_takes_a_quantized_format_and_refuses_others():
                                          max_new_tokens=24).token_ids
     with pytest.raises(SBDError, match="int8, int4"):
         sbd.load("demo", weights="int3")
+    with pytest.raises(SBDError, match="int8, int4"):
+        sbd.load("demo", weights=8)
+    plain, _ = sbd.load("demo", weights=None)  # "not quantized": the weights as stored, not the meta model
+    assert plain.device.type == "cpu" and quantized.weights_format(plain) is None
 
 
 @pytest.mark.parametrize("setting", [{"compile": True}, {"static_shapes": True}, {"tree": (2, 2)}])

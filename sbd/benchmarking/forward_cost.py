@@ -20,6 +20,7 @@ import torch
 from ..drafters.adapter import gated
 from ..decoding.attention import flash_causal, fold_for, head_groups, routed, rows_plan, supports, uniform_plan
 from ..decoding.cache import crop, slab_cache
+from ..decoding.forward import ModelForward
 from ..decoding.generate import compiled
 from ..models.facts import context_limit
 from ..errors import SBDError
@@ -37,7 +38,8 @@ class Shape:
     causal (committed to the cache) and the rest one bidirectional block, over `cached` cached tokens.
 
     attention: how the forward attends (`sbd.decoding.attention`): "auto" as the engine runs rows of one
-    length (no mask tensor; the dense mask for a model not on SDPA), "rows" as it runs a ragged batch (one
+    length (no mask tensor, through sbd's own forward of Llama-family models where it runs the model,
+    `sbd.decoding.llama_forward`; the dense mask for a model not on SDPA), "rows" as it runs a ragged batch (one
     per-row mask, key/value heads shared), "dense" Hugging Face's SDPA with the dense mask (heads copied)."""
 
     batch: int
@@ -98,6 +100,10 @@ def time_forwards(model, shapes: Iterable[Shape], repeats: int = 10, warmup: int
     for s in shapes:
         groups.setdefault((s.batch, s.cached), []).append(s)
     result: dict[Shape, float] = {}
+    try:  # the engine's own forward, where it runs this model (eager "auto" shapes)
+        lean = ModelForward(model).lean
+    except SBDError:  # a model the engine refuses (quantized weights without routed attention) times as it is
+        lean = None
     with eval_mode(model), torch.inference_mode():
         for (batch, cached), group in groups.items():
             cache, pad = _prefilled(model, batch, cached, max(s.width for s in group), device, gen,
@@ -117,7 +123,10 @@ def time_forwards(model, shapes: Iterable[Shape], repeats: int = 10, warmup: int
                     start = time.perf_counter()
                     with gated(model, s.commit if s.commit < s.width else None), \
                             routed(model, "sbd_layout" in kw):  # a drafting adapter's cost; sbd's attention
-                        (compiled(model) if s.compiled else model)(**kw)
+                        if lean is not None and s.attention == "auto" and not s.compiled:
+                            lean(kw["input_ids"], kw["position_ids"], cache, kw["sbd_layout"], kw["logits_to_keep"])
+                        else:
+                            (compiled(model) if s.compiled else model)(**kw)
                     _sync(device)
                     if round_ >= warmup:
                         times[s].append(time.perf_counter() - start)

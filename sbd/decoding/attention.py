@@ -139,6 +139,19 @@ def _sdpa(q, k, v, scale, mask=None):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
 
 
+def _folded(q, k, v, scale):
+    """Queries that all see every key (a block): each key/value head's group of query heads folded into
+    the query length, one kernel call without head sharing. On a CPU a few queries per head run 1.5x
+    faster so than with `enable_gqa` (2-3 block queries over 220 keys, SmolLM2's heads: 21-26 against
+    31-41 µs). Only drafts read a block's outputs: the tokens of sbd-verify do not depend on its rounding."""
+    b, h, w, d = q.shape
+    groups = h // k.shape[1]
+    if groups == 1 or q.device.type != "cpu":
+        return _sdpa(q, k, v, scale)
+    folded = q.reshape(b, k.shape[1], groups * w, d)  # head i = key/value head i // groups, copy i % groups
+    return F.scaled_dot_product_attention(folded, k, v, scale=scale).view(b, h, w, d)
+
+
 def _lower_right(q, k, v, scale, flash: bool):
     """Causal attention of the q.shape[2] last positions over all k.shape[2] keys (query i sees keys up to
     S − Q + i). CUDA's flash kernel aligns `is_causal` lower-right and shares heads natively (`flash`);
@@ -176,7 +189,7 @@ def _exact(q, k, v, layout: StepLayout, scale) -> torch.Tensor:
             end = length + n
             block = qb[:, :, first + c :]
             out[b : b + 1, :, first + c :] = (_lower_right(block, kb[:, :, :end], vb[:, :, :end], scale, False)
-                                              if layout.causal_blocks else _sdpa(block, kb[:, :, :end], vb[:, :, :end], scale))
+                                              if layout.causal_blocks else _folded(block, kb[:, :, :end], vb[:, :, :end], scale))
     return out
 
 

@@ -79,12 +79,13 @@ def _rms_norm(norm: tuple[torch.Tensor, float], x: torch.Tensor) -> torch.Tensor
     return weight * h.to(x.dtype)
 
 
-def _linear_entry(lin, key: str | None) -> tuple:
-    """(product, quantized, bias, adapter key): a quantized layer's kernel with its tensors bound (it
-    takes the bfloat16 input), else the layer's own forward."""
+def _linear_entry(lin, key: str | None, adapter) -> tuple:
+    """(product, quantized, bias, adapter key, (Aᵀ, Bᵀ) of the adapter's update or None): a quantized
+    layer's kernel with its tensors bound (it takes the bfloat16 input), else the layer's own forward."""
+    update = (adapter.lora_A[key].t(), adapter.lora_B[key].t()) if key is not None else None
     if isinstance(lin, QuantizedLinear):
-        return lin.bound_product(), True, lin.bias, key
-    return lin.forward, False, None, key
+        return lin.bound_product(), True, lin.bias, key, update
+    return lin.forward, False, None, key, update
 
 
 class LlamaForward:
@@ -100,7 +101,8 @@ class LlamaForward:
             a, m = layer.self_attn, layer.mlp
             lins = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
             self.layers.append((_norm(layer.input_layernorm), _norm(layer.post_attention_layernorm), a.head_dim,
-                                a.scaling, m.act_fn, tuple(_linear_entry(lin, keys.get(id(lin))) for lin in lins)))
+                                a.scaling, m.act_fn.forward,
+                                tuple(_linear_entry(lin, keys.get(id(lin)), self.adapter) for lin in lins)))
         self.final_norm = _norm(self.inner.norm)
 
     @staticmethod
@@ -122,22 +124,27 @@ class LlamaForward:
         cos, sin = self.inner.rotary_emb(h, pos)
         half = cos.shape[-1] // 2
         cos, sin = cos[:, None], torch.cat([-sin[..., :half], sin[..., half:]], -1)[:, None]
-        gated = self.adapter is not None and self.adapter.start is not None
-        for i, (norm1, norm2, hd, scaling, act, (q, k, v, o, gate, up, down)) in enumerate(self.layers):
+        start = self.adapter.start if self.adapter is not None else None
+        gated = start is not None and (isinstance(start, torch.Tensor) or start < W)  # a block in this forward
+        # one row, one start: the gated rows of each input are a slice, taken once for the layers sharing it
+        rows = (gated and B == 1 and isinstance(start, int) and not torch.is_grad_enabled()
+                and self.adapter.mask_embedding.dtype == h.dtype)
+        gate = (lambda x: x.view(-1, x.shape[-1])[start:]) if rows else (lambda x: True) if gated else (lambda x: None)
+        for i, (norm1, norm2, hd, scaling, act, (q, k, v, o, gate_p, up, down)) in enumerate(self.layers):
             x = _rms_norm(norm1, h)
-            xq = self._bf16(x, q)
-            qs = self._linear(q, x, xq, gated).view(B, W, -1, hd).transpose(1, 2)
-            ks = self._linear(k, x, xq, gated).view(B, W, -1, hd).transpose(1, 2)
-            vs = self._linear(v, x, xq, gated).view(B, W, -1, hd).transpose(1, 2).to(h.dtype)
+            xq, g = self._bf16(x, q), gate(x)
+            qs = self._linear(q, x, xq, g).view(B, W, -1, hd).transpose(1, 2)
+            ks = self._linear(k, x, xq, g).view(B, W, -1, hd).transpose(1, 2)
+            vs = self._linear(v, x, xq, g).view(B, W, -1, hd).transpose(1, 2).to(h.dtype)
             qs = qs * cos + qs.roll(half, -1) * sin
             ks = ks * cos + ks.roll(half, -1) * sin
             ks, vs = cache.layers[i].update(ks, vs)
             att = attend(qs, ks, vs, layout, scaling).transpose(1, 2).reshape(B, W, -1)
-            h = h + self._linear(o, att, self._bf16(att, o), gated)
+            h = h + self._linear(o, att, self._bf16(att, o), gate(att))
             x = _rms_norm(norm2, h)
-            xq = self._bf16(x, gate)
-            mid = act(self._linear(gate, x, xq, gated).to(h.dtype)) * self._linear(up, x, xq, gated)
-            h = h + self._linear(down, mid, self._bf16(mid, down), gated)
+            xq, g = self._bf16(x, gate_p), gate(x)
+            mid = act(self._linear(gate_p, x, xq, g).to(h.dtype)) * self._linear(up, x, xq, g)
+            h = h + self._linear(down, mid, self._bf16(mid, down), gate(mid))
         h = _rms_norm(self.final_norm, h[:, -logits_to_keep:])
         return StepOutput(self.model.get_output_embeddings()(h))
 
@@ -146,15 +153,22 @@ class LlamaForward:
         """The input of a quantized layer as its kernel takes it (once for the layers that share it)."""
         return x.reshape(-1, x.shape[-1]).to(torch.bfloat16) if entry[1] else None
 
-    def _linear(self, entry, x: torch.Tensor, xq: torch.Tensor | None, gated: bool) -> torch.Tensor:
-        """The layer's output for x (B, W, in): a quantized layer's in bfloat16 unless the adapter adds to it."""
-        product, quantized, bias, key = entry
+    def _linear(self, entry, x: torch.Tensor, xq: torch.Tensor | None, gate) -> torch.Tensor:
+        """The layer's output for x (B, W, in): a quantized layer's in bfloat16 unless the adapter adds to it.
+        gate: None (no block in this forward), x's gated rows (one row, one start: the hook's own
+        arithmetic on them, `gated_update`'s decoding path) or True (any other gate: `gate_output`)."""
+        product, quantized, bias, key, update = entry
         if quantized:
             y = product(xq).view(*x.shape[:-1], -1)
             if bias is not None:
                 y = y + bias  # widened to the bias' dtype, as a cast before the add would
         else:
             y = product(x)
-        if gated and key is not None:
-            y = gate_output(self.adapter, key, x, y.to(x.dtype))
+        if gate is None or key is None:
+            return y
+        y = y.to(x.dtype)
+        if gate is True:
+            return gate_output(self.adapter, key, x, y)
+        a_t, b_t = update
+        y.view(-1, y.shape[-1])[-gate.shape[0]:].addmm_(torch.mm(gate, a_t), b_t, alpha=self.adapter.scaling)
         return y

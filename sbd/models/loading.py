@@ -155,7 +155,7 @@ def load(path, *, adapter=None, device: str | None = None, dtype: torch.dtype | 
     (`sbd.models.quantized`: int8 per output row, int4 in groups of 32; the output layer int8; the drafter,
     activations and KV cache stay float): a batch-1 forward reads a quarter to a sixth of float32's bytes,
     and sbd-verify stays exactly NTP's tokens of these weights (attention per committed token).
-    weights=False: the model's shape on the meta device, without its weights (its drafter attached): what
+    weights=None is the same as True. weights=False: the model's shape on the meta device, without its weights (its drafter attached): what
     its config, tokenizer and drafter say, in seconds, for checks before the real load happens elsewhere
     (`sbd serve --replicas` checks its options so, and each replica loads the model itself). It cannot run.
     """
@@ -168,6 +168,11 @@ def load(path, *, adapter=None, device: str | None = None, dtype: torch.dtype | 
 
     from .quantized import FORMATS, quantize
 
+    if weights is None:  # the natural spelling of "not quantized": the weights as stored, never the meta model
+        weights = True
+    if not isinstance(weights, (bool, str)):
+        raise SBDError(f"weights={weights!r}: give True (as stored), False (shape only) or a quantized format: "
+                       f"{', '.join(FORMATS)}")
     if isinstance(weights, str) and weights not in FORMATS:
         raise SBDError(f"weights={weights!r}: give True (as stored), False (shape only) or a quantized format: "
                        f"{', '.join(FORMATS)}")
