@@ -8,6 +8,10 @@ environment's process (benchmarks/vllm/vllm_worker.py, its engines' passes inter
 
     pip install -e ".[llama]"          # llama-cpp-python: builds llama.cpp from source (minutes)
     python benchmarks/cpu_peers.py --n 8 --max-new-tokens 96 --out benchmarks/results/cpu_peers
+    python benchmarks/cpu_peers.py --prompts gsm --n 8 --max-new-tokens 96 --out benchmarks/results/cpu_peers_gsm
+
+--prompts chat (the default): ten everyday chat prompts; gsm: held-out gsm_symbolic questions (seed 0, the
+test split), the kind of text SmolLM2's shipped drafter was trained on, where its drafts are accepted more.
 
 Reports tokens/s (total tokens / total seconds, prefill included for every engine, and the median per prompt),
 tokens per forward where the engine counts them, and how many answers are token-identical to each engine's
@@ -112,6 +116,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--vllm-passes", type=int, default=2, help="passes of each vLLM engine (0: leave vLLM out)")
+    ap.add_argument("--prompts", choices=("chat", "gsm"), default="chat",
+                    help="chat: everyday chat prompts (up to 10); gsm: held-out gsm_symbolic questions")
     args = ap.parse_args()
 
     import torch
@@ -127,7 +133,13 @@ def main() -> None:
     models = {fmt: sbd.load("smollm2", **({} if fmt == "float32" else {"weights": fmt}))
               for fmt in ("float32", "int8", "int4")}
     tok = models["float32"][1]
-    prompts = [encode_prompts(tok, [p], chat=True)[0] for p in PROMPTS[: args.n]]
+    if args.prompts == "gsm":
+        from sbd.tasks.splits import make_split
+
+        texts = [ex["entry"]["question"] for ex in make_split("gsm_symbolic", "test", args.n, 0)]
+    else:
+        texts = PROMPTS[: args.n]
+    prompts = [encode_prompts(tok, [p], chat=True)[0] for p in texts]
     vllm = vllm_rows(prompts, args) if args.vllm_passes else {}
 
     def sbd_runner(fmt, method):
@@ -157,10 +169,11 @@ def main() -> None:
         ref[fmt] = [t for t, _, _ in out[f"sbd {fmt}, ntp"]]
     lines = ["# sbd against llama.cpp, vLLM and Hugging Face on SmolLM2-135M-Instruct, one CPU", "",
              f"Command: `python benchmarks/cpu_peers.py --n {args.n} --max-new-tokens {args.max_new_tokens} "
-             f"--out {args.out}`  ",
+             f"{'--prompts gsm ' if args.prompts == 'gsm' else ''}--out {args.out}`  ",
              f"Machine: {machine()}, {args.threads} threads, torch {torch.__version__}, llama-cpp-python "
              f"{__import__('llama_cpp').__version__}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  ",
-             f"{len(prompts)} chat prompts (the same token ids for every engine), batch 1, greedy, up to "
+             f"{len(prompts)} {'held-out gsm_symbolic questions' if args.prompts == 'gsm' else 'chat prompts'} "
+             "(through the chat template, the same token ids for every engine), batch 1, greedy, up to "
              f"{args.max_new_tokens} new tokens, configurations in turns per prompt after a warm-up call each. "
              f"llama.cpp reads `{gguf}` (Q4_1 layers, Q8_0 output); sbd imports the same file (float32 = its values "
              "dequantized)." + (f" vLLM {vllm['version']} (its CPU build's defaults: bfloat16, compiled) ran first in "
