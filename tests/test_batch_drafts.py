@@ -32,30 +32,3 @@ def test_drafts_are_dropped_least_valuable_first_and_all_when_width_is_dear():
     steep = drafts_to_drop(drafts, policies, MASK, 4, lambda w, masks: 1.0 + 0.05 * (w - 4))
     assert steep == [2]  # the poor lookup draft goes, the good chains stay
     assert sorted(drafts_to_drop(drafts, policies, MASK, 4, lambda w, masks: 1.0 + 5 * (w - 4))) == [0, 2, 3]
-
-
-def test_a_rows_probes_back_off_while_refused_and_return_when_kept():
-    """While no draft pays, a row probes after 16 plain steps; each refused probe doubles the gap (up to
-    16 × 8), a kept one brings it back to 16."""
-    p = DraftPolicy(4, DEFAULT_OPTIONS)
-    dear = lambda w: 1.0 if w == 1 else 10.0  # noqa: E731 (no draft ever pays)
-    p.record("masks", 0, True)
-
-    def steps_to_probe():
-        for n in range(1, 1000):
-            p.adapt(dear)
-            if p.n_masks:
-                return n
-        raise AssertionError("no probe")
-
-    gaps = []
-    for _ in range(5):
-        gaps.append(steps_to_probe())
-        p.record("masks", 0, False)  # the forward that fed the probe's masks: no draft to verify yet
-        p.record("masks", 0, True)  # the probe's draft token refused
-    assert gaps == [16, 32, 64, 128, 128]
-    steps_to_probe()
-    p.record("masks", 1, False)  # kept
-    assert steps_to_probe() == 16
-    p.adapt(dear, probe=True)  # a probe the caller schedules (the vLLM proposer) comes whatever the gap
-    assert p.n_masks == 2

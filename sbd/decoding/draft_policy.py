@@ -2,8 +2,8 @@
 vLLM proposer), so that both engines follow the same rule and cannot drift apart.
 
 `DraftPolicy` keeps the record of what each draft source (the masks, prompt lookup) had kept and refused,
-and from it picks the next mask count (`best_draft_length`, with a one-token probe after `probe_every`
-plain steps, a gap that doubles while probes are refused), the length of a lookup draft (`best_lookup_length`), where a chain is cut by the drafter's
+and from it picks the next mask count (`best_draft_length`, with a one-token probe every `probe_every`
+plain steps), the length of a lookup draft (`best_lookup_length`), where a chain is cut by the drafter's
 confidence (`confident_length`) and, for masks never trained for drafting, when to step aside to plain
 next-token steps. `DraftOptions` holds the switches that experiments turn (frozen: given, not patched).
 The pure numeric rules sit beside it in `draft_lengths`.
@@ -44,10 +44,7 @@ class DraftOptions:
     (`best_lookup_length`); False drafts all of it whenever lookup finds one.
 
     probe_every: while no draft pays (or the fallback holds), a probe every this many plain steps notices
-    drafts that start to pay again. probe_backoff (a row's own probes; the vLLM proposer schedules its
-    batch's): a probe whose draft token is refused doubles the gap to the next one, up to probe_every ×
-    probe_backoff plain steps; a kept one brings it back to probe_every. A probe feeds masks, which cost
-    most where drafts pay least (quantized weights on a CPU: ~1.9 one-token steps, docs/performance.md §9).
+    drafts that start to pay again.
 
     fallback_after, fallback_alpha (whole-block drafts of masks never trained for drafting): after this
     many refused drafts, plain next-token steps while a draft token's estimated chance to stand stays
@@ -59,7 +56,6 @@ class DraftOptions:
     adaptive_lookup: bool = True
     refusal_cost: float | None = 0.5
     probe_every: int = 16
-    probe_backoff: int = 8
     fallback_after: int = 8
     fallback_alpha: float = 0.15
 
@@ -89,8 +85,6 @@ class DraftPolicy:
         self.rejections = 0  # forwards with a refused draft token, all sources
         self.n_masks = masks
         self.plain_steps = 0
-        self.probe_gap = self.options.probe_every  # plain steps before the next own probe (`adapt`)
-        self._probing = False  # an own probe's draft awaits its verdict (`record`)
         self.lookup_skips = 0  # lookup drafts not put up because none paid (`lookup_length`, skip_unpaid)
 
     def alpha(self, source: str) -> float:
@@ -104,10 +98,6 @@ class DraftPolicy:
         self.kept[source] += kept
         self.refused[source] += bool(refused)
         self.rejections += bool(refused)
-        if self._probing and source == "masks" and (kept or refused):  # the probe's draft was verified
-            self._probing = False
-            o = self.options
-            self.probe_gap = o.probe_every if kept else min(2 * self.probe_gap, o.probe_every * o.probe_backoff)
 
     def adapt(self, cost, probe: bool | None = None) -> None:
         """The next mask draft's mask count (`n_masks`) from the masks' record. cost: width → relative
@@ -123,10 +113,8 @@ class DraftPolicy:
             return
         d = best_draft_length(self.alpha("masks"), cost, self.masks - 1, self.tree)
         self.plain_steps = self.plain_steps + 1 if d == 0 else 0
-        if d == 0 and probe is None and self.plain_steps >= self.probe_gap:
-            d, self.plain_steps, self._probing = 1, 0, True  # an own probe: masks now, a one-token draft next
-        elif d == 0 and probe:
-            d = 1  # a probe the caller scheduled (the vLLM proposer, for its whole batch)
+        if d == 0 and (self.plain_steps % self.options.probe_every == 0 if probe is None else probe):
+            d = 1  # a probe: masks now, a one-token draft verified in the next forward
         self.n_masks = d + 1 if d else 0
 
     def fall_back(self) -> None:
