@@ -11,7 +11,8 @@ from transformers import DynamicCache
 
 import sbd
 from sbd.decoding.engine import Engine
-from sbd.decoding.rows import NTPRow, SBDRow, VerifyRow, eb_rule
+from sbd.decoding.proposers.eb import eb_rule
+from sbd.decoding.rows import NTPRow, SBDRow, VerifyRow
 from sbd.decoding.spec import DecodeSpec
 from sbd.errors import SBDError
 from sbd.models.cache_arg import with_cache

@@ -22,7 +22,7 @@ from sbd.decoding.spec import DecodeSpec
 
 def _row(seq, lookup_max=3):
     row = VerifyRow(DecodeSpec(block_size=4, lookup=True, lookup_max=lookup_max, max_new_tokens=10), seq, mask_id=31)
-    return row.lookup_index.propose(row.out, row.lookup_max)
+    return row.lookup_index.find(row.out, row.lookup_max)
 
 
 def test_lookup_takes_the_latest_match_of_the_longest_ngram():

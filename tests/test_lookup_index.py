@@ -22,7 +22,8 @@ from sbd.decoding import trees
 from sbd.decoding.engine import Engine
 from sbd.decoding.proposers import lookup
 from sbd.decoding.proposers.lookup import LookupIndex
-from sbd.decoding.rows import VerifyRow, make_row
+from sbd.decoding.kinds import make_row
+from sbd.decoding.rows import VerifyRow
 from sbd.decoding.spec import DecodeSpec
 
 
@@ -44,11 +45,11 @@ def _grown(prompt, tokens, cap, rng):
     """A lookup row whose output grows by 1-5 tokens at a time (as verifying forwards commit them); the
     row's lookup and the oracle after every growth."""
     row = VerifyRow(DecodeSpec(block_size=4, lookup=True, lookup_max=cap, max_new_tokens=len(tokens) + 1), prompt, mask_id=MASK)
-    got, want = [row.lookup_index.propose(row.out, cap)], [scan_lookup(list(prompt), cap)]
+    got, want = [row.lookup_index.find(row.out, cap)], [scan_lookup(list(prompt), cap)]
     shared = [lookup.draft(list(prompt), cap)]  # the rule as the vLLM plug-in calls it
     while len(row.out) < len(tokens):
         row.out += tokens[len(row.out) : len(row.out) + rng.randint(1, 5)]
-        got.append(row.lookup_index.propose(row.out, cap))
+        got.append(row.lookup_index.find(row.out, cap))
         want.append(scan_lookup(row.prompt + row.out, cap))
         shared.append(lookup.draft(row.prompt + row.out, cap))
     assert shared == want
@@ -72,7 +73,7 @@ def test_the_index_drafts_what_the_scan_drafted(alphabet):
 
 def test_the_index_keeps_the_scans_rules():
     def lookup(seq, cap=16):
-        got = LookupIndex(seq).propose([], cap)
+        got = LookupIndex(seq).find([], cap)
         assert got == scan_lookup(seq, cap)
         return got
 
@@ -98,11 +99,11 @@ def test_the_index_reads_each_token_once():
     row = VerifyRow(DecodeSpec(block_size=4, lookup=True, max_new_tokens=100), list(range(3, 203)), mask_id=MASK)
     index = row.lookup_index
     index.index = {g: Counting() for g in index.index}
-    index.propose(row.out, 16)
+    index.find(row.out, 16)
     assert Counting.sets == 197 + 198  # every start but the tail's, for 3- and 2-grams
     for step in range(30):
         row.out += [5] * (step % 3)
-        index.propose(row.out, 16)
+        index.find(row.out, 16)
     n = len(row.prompt) + len(row.out)
     assert Counting.sets == (n - 3) + (n - 2) and len(index.seq) == n
     assert index.index[2][(5, 5)] == n - 3  # the latest start before the tail's

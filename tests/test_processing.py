@@ -20,7 +20,7 @@ import sbd
 from sbd.drafters import adapter as adapters
 from sbd.decoding.engine import Engine
 from sbd.decoding.processing import Processing, nucleus, target_probs
-from sbd.decoding.rows import make_row
+from sbd.decoding.kinds import make_row
 from sbd.decoding.spec import DecodeSpec
 from sbd.models import tiny
 

@@ -146,16 +146,19 @@ def test_the_table_reads_a_bfloat16_models_tables_with_a_float32_head():
 @pytest.mark.parametrize("arch", ARCHS)
 def test_random_head_keeps_hugging_face_greedy_and_batch_equals_alone(arch, cheap_width, monkeypatch):
     from sbd.decoding.rows import VerifyRow
+    from sbd.decoding.tree_rows import TreeRow
 
     feeds = {}  # prompt -> every feed of its row, in order
-    real_feed = VerifyRow.feed
 
-    def feed(row):
-        f = real_feed(row)
-        feeds.setdefault(tuple(row.prompt), []).append((f.tokens, f.parents))
-        return f
+    def recorded(real):
+        def feed(row):
+            f = real(row)
+            feeds.setdefault(tuple(row.prompt), []).append((f.tokens, f.parents))
+            return f
+        return feed
 
-    monkeypatch.setattr(VerifyRow, "feed", feed)
+    monkeypatch.setattr(TreeRow, "feed", recorded(TreeRow.feed))  # before VerifyRow's: a tree's prefill calls it
+    monkeypatch.setattr(VerifyRow, "feed", recorded(VerifyRow.feed))
     model = _model(arch)
     base = random_prompts(4, model.config.vocab_size, seed=31)
     prompts = base[:2] + [p + p for p in base[2:]]  # two repeat themselves: lookup finds chains
@@ -253,7 +256,7 @@ def test_a_row_drafts_from_the_token_the_masks_follow(tree):
     """Row level, with a draft that stands whole (random models rarely draft right): the next draft is
     the head's left-to-right rescoring of the masks, starting from the next-token head's token after the
     draft, not the draft's own first token."""
-    from sbd.decoding.rows import VerifyRow
+    from sbd.decoding.kinds import make_row
     from sbd.decoding.spec import DecodeSpec
 
     model = _model("llama", seed=6)
@@ -262,7 +265,7 @@ def test_a_row_drafts_from_the_token_the_masks_follow(tree):
     try:
         differs = 0
         for seed in range(6):
-            row = VerifyRow(DecodeSpec(block_size=5, max_new_tokens=40, tree=tree), [9], mask_id=mask)
+            row = make_row(DecodeSpec(block_size=5, max_new_tokens=40, tree=tree), [9], mask_id=mask)
             row.draft = [11, 12, 13]
             if tree is not None:
                 row.branches = [[14], [11, 15]]

@@ -15,7 +15,7 @@ import torch
 from transformers import DynamicCache
 
 from sbd.decoding.engine import Engine
-from sbd.decoding.rows import make_row
+from sbd.decoding.kinds import make_row
 from sbd.decoding.spec import DecodeSpec
 from sbd.models.cache_arg import with_cache
 

@@ -24,7 +24,9 @@ from sbd.decoding.cache import SlotLayer
 from sbd.models.cache_arg import with_cache
 from sbd.decoding.engine import Engine
 from sbd.decoding.forward import Feed
-from sbd.decoding.rows import NTPRow, VerifyRow, make_row
+from sbd.decoding.kinds import make_row
+from sbd.decoding.rows import NTPRow
+from sbd.decoding.tree_rows import TreeRow
 from sbd.decoding.spec import DecodeSpec
 from sbd.masks import tree_mask
 
@@ -301,7 +303,7 @@ def test_lookups_chain_is_the_main_branch_and_is_counted():
 
 
 # -- real models: planted trees, Hugging Face greedy, batch = alone, the cache after every forward ------
-class PlantedTreeRow(VerifyRow):
+class PlantedTreeRow(TreeRow):
     """A tree row whose drafts are planted from the reference greedy output `ref`: mostly the right
     continuation hides on a branch that leaves the main chain at a random depth and goes wrong later,
     with decoys around it; sometimes the main chain is right. Seeded per row: batch = alone holds."""

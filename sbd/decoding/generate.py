@@ -21,7 +21,7 @@ from ..models.facts import ModelFacts, context_limit
 from ..modes import eval_mode
 from .defaults import VerifySettings
 from .engine import Engine, ForwardRecord
-from .rows import make_row
+from .kinds import make_row
 from .spec import DecodeSpec, SpecError
 from .trained_for import check_decoding
 from .width_cost import forward_costs

@@ -28,7 +28,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from ..drafters.adapter import adapter_of, gate_output, layer_keys
 from ..models.quantized import QuantizedLinear

@@ -32,41 +32,16 @@ from typing import Sequence
 
 import torch
 
-from ..masks import tree_mask
 from ..sampler import entropy_and_argmax, error_proxy, pick_tokens
 from . import trees
-from .anchored import AnchoredRow
 from .draft_policy import DraftPolicy
 from .forward import Feed
 from .processing import pick, target_probs, token_logprobs
-from .proposers import tree as tree_branches
+from .proposers.base import Seen
 from .proposers.chain import MaskChain, leftover_draft
+from .proposers.eb import EBReveal, eb_rule
 from .proposers.lookup import LookupIndex
 from .row import Row
-
-
-def eb_rule(h: Sequence[float], masked: Sequence[bool], gamma: float,
-            order: Sequence[float] | None = None) -> list[int]:
-    """The EB rule (§4) on host values: the positions to reveal among the `masked` ones, ordered by
-    `order` (None: by entropy), bounded by the entropies `h`: the largest prefix U with
-    ΣH_U − max H_U ≤ γ, at least one position. Ties go to the lower position. Same result as
-    `sbd.sampler.reveal_from_proxy`."""
-    idx = [i for i, m in enumerate(masked) if m]
-    hh = [max(0.0, float(x)) for x in h]
-    key = hh if order is None else [float(x) for x in order]
-    idx.sort(key=lambda i: key[i])  # stable: equal keys keep the lower position first
-    keep, total, top = [], 0.0, 0.0
-    for n, i in enumerate(idx):
-        if order is None:  # sorted by entropy: the newest member is the largest, excess = sum before it
-            excess = total
-        else:
-            top = max(top, hh[i])
-            excess = 0.0 if n == 0 else total + hh[i] - top
-        if excess > gamma:
-            break
-        keep.append(i)
-        total += hh[i]
-    return keep
 
 
 class NTPRow(Row):
@@ -222,143 +197,76 @@ def accept_sampled(p, draft, q_draft, gen):
 
 
 class VerifyRow(Row):
-    """sbd-verify (module docstring): verify a draft, commit what stands, and ask the drafters for the
-    next one. What is drafted comes from the drafters (`sbd.decoding.proposers`); how long, and from
-    which source, from the row's `DraftPolicy` (`sbd.decoding.draft_policy`), the same policy the vLLM
-    proposer holds per request, with the spec's drafting switches (`DraftOptions`).
+    """sbd-verify (module docstring): verify a draft, commit what stands, and ask the drafters for the next.
 
-    eb_gamma None: the draft is the whole block the masks predicted; a number: the draft is first
-    revealed by the EB rule over forwards of its own (greedy only). cost (draft "adaptive"): a function
-    width → relative forward time (`sbd.decoding.width_cost`); after every verifying forward the policy
-    picks how many masks to feed next (at most block_size) from the row's acceptance so far
-    (`best_draft_length`). When no draft pays, the row takes plain next-token steps and tries a one-token
-    draft every `DraftOptions.probe_every` forwards to notice when drafting starts to pay again. None
-    drafts whole blocks. Either way the tokens are NTP's.
-
-    tree (greedy, draft "block" or "adaptive"): widths per depth, e.g. (3, 2, 1): the verifying forward
-    feeds [head | tree | masks] instead of [head | chain | masks]. The tree holds the chain of today
-    (lookup's when it finds one, else the masks' top-1) as its main chain, which the masks follow, plus
-    the declared shape filled from the masks' top candidates and, with lookup, the masks' chain as
-    another branch (`sbd.decoding.trees`). The greedy walk keeps the longest path whose every token is
-    the next-token head's argmax at its parent, plus the head's next token; only that path stays in the
-    cache (a compaction). `accepted` counts the kept draft nodes per forward, `proposed` the nodes put
-    up. The adaptive rule prices the branches' width too.
-
-    lookup (greedy): the draft is prompt lookup's when it finds a match (`LookupIndex`, at most
-    `lookup_max` tokens), else the masks'. A forward that verifies a
-    lookup draft, chain or tree, feeds no masks: they would only draft the next forward if every draft
-    token stood, and then lookup drafts it again (`feed`).
-
-    Sampler head (`sbd.drafters.sampler_head`; greedy whole-block or adaptive drafts, chain or tree): when the
-    engine hands `ask` a `Drafting`, the masks' chain (the next draft, or a tree's main chain) is drawn
-    by the head instead of the masks' argmax: each position rescored among the masks' top candidates
-    given the token chosen before it. Branches stay the masks' own candidates. Sampling and draft="eb"
-    never use the head (`drafts_with_head`): a sampled draft must be drawn from the distribution q the
-    acceptance rule divides by, which is the masks' own."""
+    Its drafters (`sbd.decoding.proposers`, one interface): the masks' chain (`MaskChain`: their argmax,
+    or the sampler head's re-ranking of their candidates when the engine hands `ask` a `Drafting`; greedy
+    block or adaptive drafts, `drafts_with_head`), prompt lookup (`LookupIndex`, greedy: its continuation
+    when it finds one, and then no masks beside it) and the EB rule's reveal (`EBReveal`, draft "eb":
+    the next draft revealed over forwards of its own, greedy). Tree drafts are `sbd.decoding.tree_rows`.
+    How long a draft is, and from which source, is the row's `DraftPolicy` (the policy the vLLM proposer
+    holds per request): cost (draft "adaptive"), width → relative step time (`sbd.decoding.width_cost`),
+    else whole blocks. Greedy, the longest draft prefix NTP would produce is kept with NTP's next token;
+    sampling, speculative acceptance (`accept_sampled`) against the masks' own distribution q (never the
+    head's). Either way the tokens are NTP's."""
 
     def __init__(self, spec, prompt, *, mask_id: int, cost=None, **kw):
         super().__init__(spec, prompt, **kw)
         # which settings go together was decided where the spec was resolved (`sbd.decoding.spec`)
-        self.options = options = spec.draft_options
-        self.tree = trees.check_shape(spec.tree)
-        block_size, eb_gamma, lookup, lookup_max = spec.block_size, spec.eb_gamma, spec.lookup, spec.lookup_max
-        self.block_size, self.mask_id, self.eb_gamma, self.proxy = block_size, int(mask_id), eb_gamma, spec.proxy
-        self.cost = cost = cost if spec.draft == "adaptive" else None
+        self.options, self.tree = spec.draft_options, trees.check_shape(spec.tree)
+        self.block_size, self.mask_id = spec.block_size, int(mask_id)
+        self.cost = cost if spec.draft == "adaptive" else None
         # fallback: whole-block greedy drafts only (`DraftPolicy.fall_back`)
-        self.policy = DraftPolicy(block_size, options, tree=self.tree or (),
-                                  fallback=spec.fallback and cost is None and eb_gamma is None and self.temperature <= 0)
-        self.lookup = lookup  # greedy: draft from an earlier occurrence of the last tokens when there is one
-        self.lookup_max = lookup_max  # the longest lookup draft
-        self.lookup_index = LookupIndex(self.prompt) if lookup else None
+        self.policy = DraftPolicy(self.block_size, self.options, tree=self.tree or (), fallback=spec.fallback and
+                                  self.cost is None and spec.eb_gamma is None and self.temperature <= 0)
+        self.lookup_max = spec.lookup_max  # the longest lookup draft
+        self.lookup_index = LookupIndex(self.prompt) if spec.lookup else None
+        self.chain = MaskChain()
+        self.eb = EBReveal(self.block_size, spec.eb_gamma, spec.proxy, mask_id) if spec.eb_gamma is not None else None
+        self.needs_extra = verify_width(self.block_size, self.lookup_max if spec.lookup else 0, self.tree)
         self.from_lookup = False  # the current draft came from prompt lookup
-        self.needs_extra = verify_width(block_size, lookup_max if lookup else 0, self.tree)
-        self.chain = MaskChain()  # the masks' chain asked for in the last `ask`
-        self.branches: list[list[int]] = []  # tree: token paths from the head besides the main chain (the draft)
-        self._fed: tuple[list[int], list[int], int] | None = None  # tree: (tokens, parents, masks) fed
-        self._top = (0, 0)  # tree: (depths, candidates per depth) of the masks' top tokens asked for
         self.in_prefill = len(self.prompt) > 1
         self.head = self.prompt[-1]
         self.draft: list[int] = []
         self.q_draft: torch.Tensor | None = None  # sampling: the masked distribution of the draft
-        self.q_next = self.next_draft = None
-        self.refining: list[int] | None = None  # eb: the block being revealed, [head, ...]
-        self.masked: list[bool] = []
+        self.q_next = None
 
     @property
     def drafts_with_head(self) -> bool:
         """Whether this row drafts with a sampler head when the model has one: greedy block/adaptive drafts."""
-        return self.temperature <= 0 and self.eb_gamma is None
+        return self.temperature <= 0 and self.eb is None
 
     @property
     def rejections(self) -> int:
         """Verifying forwards in which a draft token was refused."""
         return self.policy.rejections
 
-    def _chain_values(self, masks: torch.Tensor, drafting, at: int, first: torch.Tensor) -> torch.Tensor:
-        """The masks' chain for the next draft (positions 2.. of the masks, `masks`; `MaskChain.values`);
-        adaptive chains are cut by the drafter's confidence, so its probabilities are sent along."""
-        probs = self.cost is not None and self.tree is None and self.options.cuts_chains(drafting is not None)
-        return self.chain.values(masks, drafting, at, first, probs)
+    def _room(self) -> int:
+        return max(0, self.max_new - len(self.out) - 1)  # a forward yields at most n_draft + 1 tokens
 
-    def _read_chain(self, values) -> list[int]:
-        """The chain from the values `_chain_values` produced (they lead `values`)."""
-        return self.chain.propose(values)
+    def _masks(self) -> int:
+        # The masks only draft the next forward, and only when its lookup finds nothing. A lookup draft's
+        # occurrence always continues past it (what follows the match, then its repeat: `LookupIndex`), so
+        # if every draft token stands the next draft comes from lookup again: no masks beside it.
+        return 0 if self.from_lookup else self.policy.n_masks
 
     def feed(self) -> Feed:
         if self.in_prefill:
             return Feed(self.prompt[:-1], len(self.prompt) - 1, 0)
-        if self.refining is not None:
-            return Feed(self.refining, 0, self.block_size)
-        room = max(0, self.max_new - len(self.out) - 1)  # a forward yields at most n_draft + 1 tokens
-        # The masks only draft the next forward, and only when its lookup finds nothing. A lookup draft's
-        # occurrence always continues past it (what follows the match, then its repeat: `LookupIndex`), so
-        # if every draft token stands the next draft comes from lookup again: no masks beside it.
-        masks = 0 if self.from_lookup else self.policy.n_masks
-        if self.tree is not None:
-            self.draft = self.draft[:room]
-            tokens, parents = trees.build_tree(self.head, self.draft, [b[:room] for b in self.branches])
-            self._fed = (tokens, parents, masks)
-            chain = all(p == i - 1 for i, p in enumerate(parents))  # no branch: the engine's plain layout
-            n = len(tokens)
-            return Feed(tokens + [self.mask_id] * masks, n, n + masks, None if chain else parents)
+        if self.eb is not None and self.eb.active:
+            return self.eb.feed()
+        room, masks = self._room(), self._masks()
         if len(self.draft) > room:
             self.draft = self.draft[:room]
             self.q_draft = self.q_draft[:room] if self.q_draft is not None else None
         n = len(self.draft)
         return Feed([self.head] + self.draft + [self.mask_id] * masks, 1 + n, 1 + n + masks)
 
-    def _next_draft(self, masks_draft: list[int]) -> None:
-        """The next draft: prompt lookup's continuation when lookup is on and finds one, as long as the
-        policy says pays (`DraftPolicy.lookup_length`), else the masks'."""
-        found = self.lookup_index.propose(self.out, self.lookup_max) if self.lookup else []
-        found = found[: self.policy.lookup_length(len(found), self.cost)]
-        self.draft, self.from_lookup = (found, True) if found else (masks_draft, False)
-
-    def _record(self, kept: int, refused: bool) -> None:
-        """One verifying forward's outcome, in the record of the source of its draft."""
-        self.policy.record("lookup" if self.from_lookup else "masks", kept, refused)
-
-    def _adapt(self) -> None:
-        """The next forward's mask count from the acceptance so far (`DraftPolicy.adapt`)."""
-        self.policy.adapt(self.cost)
-
-    def _mask_values(self, logits: torch.Tensor) -> list[torch.Tensor]:
-        """What the EB rule needs from block logits: picked tokens, entropies (and the proxy)."""
-        h, picked = entropy_and_argmax(logits)
-        parts = [picked.double(), h.double()]
-        if self.proxy != "entropy":
-            parts.append(error_proxy(logits, self.proxy).double())
-        return parts
-
     def ask(self, logits: torch.Tensor, drafting=None) -> torch.Tensor:
-        """drafting: a `sbd.drafters.sampler_head.Drafting` (the engine passes one when the model has an enabled
-        sampler head and `drafts_with_head`): the next draft's chain comes from the head."""
-        self.chain.table = 0
-        if self.refining is not None:
-            logits[:, self.mask_id] = torch.finfo(logits.dtype).min
-            return torch.cat(self._mask_values(logits))
-        if self.tree is not None:
-            return self._ask_tree(logits, drafting)
+        """drafting: a `sbd.decoding.proposers.head.Drafting` (the engine passes one when the model has an
+        enabled sampler head and `drafts_with_head`): the next draft's chain comes from the head."""
+        if self.eb is not None and self.eb.active:
+            return torch.cat(self.eb.values(Seen(logits)))
         n = len(self.draft)
         ntp, masks = logits[: 1 + n], logits[1 + n :]
         masks[:, self.mask_id] = torch.finfo(masks.dtype).min  # never draft the mask token
@@ -377,83 +285,71 @@ class VerifyRow(Row):
         else:
             tokens = target.argmax(-1)
             parts = [tokens.double()]
-            if self.eb_gamma is not None:
-                parts += self._mask_values(masks)
-            else:
-                parts.append(self._chain_values(masks[1:], drafting, 2 + n, tokens[-1]))
+            if self.eb is not None:  # the first reveal step of the next draft, over all the masks
+                parts += self.eb.values(Seen(masks))
+            else:  # adaptive chains are cut where the drafter is unsure: its probabilities are sent along
+                self.chain.cut = self.cost is not None and self.options.cuts_chains(drafting is not None)
+                parts += self.chain.values(Seen(masks[1:], 2 + n, tokens[-1], drafting))
         if self.logprobs is not None:  # for every position: the token kept there, if it is kept
             parts.append(token_logprobs(ntp, tokens, self.top_logprobs).flatten())
         return torch.cat(parts)
 
-    def _reveal(self, values: list[float]) -> None:
-        """One EB step on the block being refined; done when nothing is masked."""
-        k = self.block_size
-        picked, h = [int(v) for v in values[:k]], values[k : 2 * k]
-        order = values[2 * k : 3 * k] if self.proxy != "entropy" else None
-        for i in eb_rule(h, self.masked, self.eb_gamma, order):
-            self.refining[i], self.masked[i] = picked[i], False
-        if not any(self.masked):
-            self.draft, self.refining = self.refining[1:], None
-
-    def _ask_tree(self, logits: torch.Tensor, drafting=None) -> torch.Tensor:
-        """Greedy, tree fed: the next-token argmax at every node, the masks' top-1 chain and, for the
-        declared depths, the masks' top candidates with their log-probabilities."""
-        tokens, parents, n_masks = self._fed
-        n = len(tokens)
-        ntp, masks = logits[:n], logits[n:]
-        masks[:, self.mask_id] = torch.finfo(masks.dtype).min  # never draft the mask token
-        target = ntp
-        if self.processing is not None:  # penalties count each node's own ancestors (and itself)
-            fed = torch.tensor(tokens[1:], dtype=torch.long, device=logits.device)
-            target = self._next_token_logits(ntp, fed, tree_mask(parents).to(logits.device))
-        nxt = target.argmax(-1)
-        depth = min(len(self.tree), max(0, n_masks - 1))
-        width = min(max(self.tree[:depth], default=0), masks.shape[-1])
-        self._top = (depth, width)
-        parts = [nxt.double(), self._chain_values(masks[1:], drafting, n + 1, nxt[-1])]
-        if depth and width:
-            parts += tree_branches.values(masks[1:], depth, width)
-        if self.logprobs is not None:
-            parts.append(token_logprobs(ntp, nxt, self.top_logprobs).flatten())
-        return torch.cat(parts)
-
-    def _answer_tree(self, values: list[float]) -> list[int]:
-        """Greedy walk over the tree fed; returns the committed feed positions that stay (the kept path)."""
-        tokens, parents, n_masks = self._fed
-        n, (depth, width) = len(tokens), self._top
-        lp = n * self._logprob_width()
+    def answer(self, values: list[float]) -> int | list[int]:
+        if self.in_prefill:
+            self.in_prefill = False
+            self._next_draft([])
+            return 0
+        self.nfe += 1
+        if self.eb is not None and self.eb.active:
+            self.draft = self.eb.propose(values)
+            return 0
+        n = len(self.draft)
+        lp = (n + 1) * self._logprob_width()
         values, lp_values = (values[:-lp], values[-lp:]) if lp else (values, [])
-        nxt = [int(v) for v in values[:n]]
-        chain = self._read_chain(values[n:])
-        candidates = values[n + self.chain.width :]  # after the chain: the masks' top candidates
-        path = trees.greedy_walk(tokens, parents, nxt)
-        a = len(path) - 1
-        new = [tokens[i] for i in path[1:]] + [nxt[path[-1]]]
-        if lp:  # the logprob values of the kept path's nodes, in its order
-            w = self._logprob_width()
-            lp_values = [v for i in path for v in lp_values[i * w : (i + 1) * w]]
-        self.accepted.append(a)
-        if self.from_lookup:  # kept tokens along lookup's chain
-            self.lookup_accepted += next((i for i, (x, y) in enumerate(zip(new[:a], self.draft)) if x != y),
-                                         min(a, len(self.draft)))
-        self.proposed += n - 1
-        self._record(a, bool(trees.children(parents)[path[-1]]))  # refused: a child of the last kept node
-        self._adapt()
+        if self.temperature > 0:
+            a, tokens, rest = int(values[0]), [int(v) for v in values[1 : n + 2]], values[n + 2 :]
+        else:
+            tokens, a = [int(v) for v in values[: n + 1]], 0
+            while a < n and self.draft[a] == tokens[a]:
+                a += 1
+            rest = values[n + 1 :]
+        self.lookup_accepted += a if self.from_lookup else 0
+        self._verified(a, n, a < n)
+        new = tokens[: a + 1]  # draft tokens kept (they equal NTP's) + NTP's next token
         start = self._take(new, lp_values)
         end = self._end(start, new)
         if end is not None:
             self._finish(end)
-            return trees.compaction(path)
-        self.head = new[-1]
+            return n - a
+        self.head, self.q_draft = new[-1], None
         was_lookup, self.from_lookup = self.from_lookup, False
-        if path[-1] == n - 1:  # the masks followed the kept path: they draft the next tree
-            self._next_draft(chain)
-            self.branches = tree_branches.propose(self.tree, candidates, depth, width, self.mask_id,
-                                                  [chain] if self.from_lookup else [])
-        else:  # the masks followed a refused branch: the main chain's places after the kept path remain
+        if a < n:  # the masks rode on a rejected draft: the rest of that draft is the next guess
             self._next_draft(self._leftover(a, new[-1], was_lookup))
-            self.branches = []
-        return trees.compaction(path)
+        elif self.temperature > 0:
+            self.draft, self.q_draft = [int(v) for v in rest], self.q_next
+        elif self.eb is not None:
+            self.eb.start(self.head)
+            self.draft = self.eb.propose(rest)
+        else:  # the masks' chain (the sampler head's, when it drew it)
+            self._next_draft(self.chain.propose(rest))
+            if self.chain.probs is not None and not self.from_lookup:  # adaptive: as far as the drafter is sure
+                self.draft = self.draft[: self.policy.confident(self.chain.probs, self.cost, self.policy.n_masks)]
+        return n - a
+
+    def _verified(self, kept: int, proposed: int, refused: bool) -> None:
+        """One verifying forward's outcome in the row's counts and its policy's record of the draft's
+        source; then the next forward's mask count (`DraftPolicy.adapt`)."""
+        self.accepted.append(kept)
+        self.proposed += proposed
+        self.policy.record("lookup" if self.from_lookup else "masks", kept, refused)
+        self.policy.adapt(self.cost)
+
+    def _next_draft(self, masks_draft: list[int]) -> None:
+        """The next draft: prompt lookup's continuation when lookup is on and finds one, as long as the
+        policy says pays (`DraftPolicy.lookup_length`), else the masks'."""
+        found = [] if self.lookup_index is None else self.lookup_index.propose([], Seen(out=self.out, longest=self.lookup_max))
+        found = found[: self.policy.lookup_length(len(found), self.cost)]
+        self.draft, self.from_lookup = (found, True) if found else (masks_draft, False)
 
     def _leftover(self, kept: int, next_token: int, was_lookup: bool) -> list[int]:
         """The next draft after a refusal when lookup finds none: the refused masks' draft's later places
@@ -464,70 +360,3 @@ class VerifyRow(Row):
             return []
         longest = self.block_size - 1 if self.cost is None else max(0, self.policy.n_masks - 1)
         return leftover_draft(self.draft, kept, next_token)[:longest]
-
-    def answer(self, values: list[float]) -> int | list[int]:
-        if self.in_prefill:
-            self.in_prefill = False
-            self._next_draft([])
-            return 0
-        self.nfe += 1
-        if self.refining is not None:
-            self._reveal(values)
-            return 0
-        if self.tree is not None:
-            return self._answer_tree(values)
-        n, k = len(self.draft), self.block_size
-        lp = (n + 1) * self._logprob_width()
-        values, lp_values = (values[:-lp], values[-lp:]) if lp else (values, [])
-        if self.temperature > 0:
-            a = int(values[0])
-            tokens = [int(v) for v in values[1 : n + 2]]
-            rest = values[n + 2 :]
-        else:
-            tokens = [int(v) for v in values[: n + 1]]
-            a = 0
-            while a < n and self.draft[a] == tokens[a]:
-                a += 1
-            rest = values[n + 1 :]
-        self.accepted.append(a)
-        self.lookup_accepted += a if self.from_lookup else 0
-        self.proposed += n
-        self._record(a, a < n)
-        self._adapt()
-        new = tokens[: a + 1]  # draft tokens kept (they equal NTP's) + NTP's next token
-        start = self._take(new, lp_values)
-        end = self._end(start, new)
-        if end is not None:
-            self._finish(end)
-            return n - a
-        self.head = new[-1]
-        self.q_draft = None
-        was_lookup, self.from_lookup = self.from_lookup, False
-        if a < n:  # the masks rode on a rejected draft: the rest of that draft is the next guess
-            self._next_draft(self._leftover(a, new[-1], was_lookup))
-        elif self.temperature > 0:
-            self.draft, self.q_draft = [int(v) for v in rest], self.q_next
-        elif self.eb_gamma is not None and k > 1:
-            self.refining = [self.head] + [self.mask_id] * (k - 1)
-            self.masked = [False] + [True] * (k - 1)
-            self._reveal(rest)
-        elif self.eb_gamma is not None:
-            self.draft = []
-        else:  # the masks' chain (the sampler head's, when it drew it)
-            self._next_draft(self._read_chain(rest))
-            if self.chain.probs is not None and not self.from_lookup:  # adaptive: as far as the drafter is sure
-                self.draft = self.draft[: self.policy.confident(self.chain.probs, self.cost, self.policy.n_masks)]
-        return n - a
-
-
-def make_row(spec, prompt: list[int], *, mask_id: int | None, eos: Sequence[int] = (), tokenizer=None,
-             seed: int | None = None, device=None, cost=None) -> Row:
-    """The row that decodes `prompt` as `spec` says (a `sbd.decoding.spec.DecodeSpec`, checked where it was
-    resolved): NTP, SBD (anchored or by the EB rule) or sbd-verify. cost: for draft "adaptive", width →
-    relative forward time (`sbd.decoding.width_cost`). eos, tokenizer (stop strings), seed (sampling),
-    device: what the spec cannot know."""
-    if spec.method == "sbd":
-        kind = AnchoredRow if spec.anchor else SBDRow
-    else:
-        kind = NTPRow if spec.method == "ntp" else VerifyRow
-    return kind(spec, prompt, mask_id=mask_id, eos=eos, tokenizer=tokenizer, seed=seed, device=device, cost=cost)

@@ -10,7 +10,8 @@ from dataclasses import replace
 
 from ..decoding.defaults import VerifySettings
 from ..decoding.generate import apply_chat, check_prompt_ids, mask_message
-from ..decoding.rows import make_row, verify_width
+from ..decoding.kinds import make_row
+from ..decoding.rows import verify_width
 from ..decoding.spec import DecodeSpec
 from ..decoding.trained_for import check_decoding
 from ..decoding.width_cost import forward_costs

@@ -213,7 +213,7 @@ def decode(model, tokenizer, todo: list[int], ids: dict, *, batch_size: int, max
     import torch
 
     from ..decoding.engine import Engine
-    from ..decoding.rows import make_row
+    from ..decoding.kinds import make_row
     from ..decoding.spec import DecodeSpec
     from ..models.facts import ModelFacts
     from ..modes import eval_mode

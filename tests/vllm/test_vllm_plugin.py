@@ -66,7 +66,7 @@ def test_lookup_matches_sbd():
     rng = np.random.default_rng(0)
     for trial in range(300):
         seq = rng.integers(0, 6 if trial % 2 else 30, size=int(rng.integers(1, 60))).tolist()
-        assert lookup(np.array(seq), 15) == LookupIndex(seq).propose([], 15), seq
+        assert lookup(np.array(seq), 15) == LookupIndex(seq).find([], 15), seq
 
 
 def test_cpu_expand_fix():

@@ -9,6 +9,7 @@ from typing import Sequence
 import torch
 
 from . import head
+from .base import Seen
 
 
 def masks_top(logits: torch.Tensor, probs: bool):
@@ -20,34 +21,39 @@ def masks_top(logits: torch.Tensor, probs: bool):
 
 
 class MaskChain:
-    """One row's chain: `values` on the device in `ask`, `propose` on the host in `answer`. Between
-    them it remembers how the values are laid out (m tokens; the head's table; probabilities)."""
+    """One row's or request's chain of the masks (a `Drafter`): `values` on the device, `propose` on the
+    host. Between them it remembers how the values are laid out (m tokens; the head's table;
+    probabilities). cut: send each token's drafting probability too, for a chain cut where the drafter is
+    unsure (`DraftPolicy.confident`); they are in `probs` after `propose`."""
+
+    source = "masks"
 
     def __init__(self):
         self.m = 0  # tokens in the last chain asked for
         self.table = 0  # values the sampler head's table took (0: the masks' argmax)
-        self.sends_probs = False  # each token's drafting probability was asked for too
+        self.cut = False  # send each token's drafting probability with the next `values`
+        self.sends_probs = False  # the last `values` sent them
         self.probs: list[float] | None = None  # those probabilities, read with the chain
 
     @property
     def width(self) -> int:
-        """Values the chain takes among a row's values (the head's table, else one per token)."""
-        return self.table or self.m
+        """Values the chain takes among a row's values (the head's table, else one per token, two with probs)."""
+        return self.table or self.m * (2 if self.sends_probs else 1)
 
-    def values(self, masks: torch.Tensor, drafting, at: int, first: torch.Tensor, probs: bool) -> torch.Tensor:
-        """The chain from `masks` (the masks' logits for its places): their argmax, or the head's table
-        when a `sbd.drafters.sampler_head.Drafting` is given (`at`: where `masks` starts among the row's logits;
-        `first`: the next-token head's token before them). probs: send each token's probability."""
+    def values(self, seen: Seen) -> list[torch.Tensor]:
+        """The chain from `seen.masks` (the masks' logits for its places): their argmax, or the head's table
+        when `seen.drafting` holds a `sbd.decoding.proposers.head.Drafting`."""
+        masks = seen.masks
         self.table, self.m = 0, masks.shape[0]
-        self.sends_probs = probs = probs and self.m > 0
-        if drafting is None or self.m == 0:
+        self.sends_probs = probs = self.cut and self.m > 0
+        if seen.drafting is None or self.m == 0:
             tokens, p = masks_top(masks, probs)
-            return tokens.double() if p is None else torch.cat([tokens.double(), p.double()])
-        table = head.values(drafting, masks, at, first, probs)
+            return [tokens.double()] if p is None else [tokens.double(), p.double()]
+        table = head.values(seen.drafting, masks, seen.at, seen.first, probs)
         self.table = table.numel()
-        return table
+        return [table]
 
-    def propose(self, values) -> list[int]:
+    def propose(self, values: Sequence[float], seen: Seen | None = None) -> list[int]:
         """The chain from the values `values` produced (they lead `values`); its tokens' probabilities,
         when they were sent, go to `probs`."""
         m, self.probs = self.m, None

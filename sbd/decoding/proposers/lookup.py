@@ -4,12 +4,14 @@ repeat (a loop of 5 tokens drafts the loop again), so the draft is always `n` to
 
 `draft` finds the occurrence by scanning (what a caller holding only the sequence does, once per step:
 the vLLM proposer); `LookupIndex` keeps an index over the sequence instead (a row that sees its output
-grow: `VerifyRow`), reading each token once. Both draft the same tokens.
+grow: `VerifyRow`, and a vLLM request), reading each token once. Both draft the same tokens.
 """
 
 from __future__ import annotations
 
 from typing import Sequence
+
+from .base import Seen
 
 NGRAMS = (3, 2)  # match the last 3 tokens, else the last 2
 
@@ -43,9 +45,12 @@ def draft(seq: Sequence[int], n: int, ngrams: Sequence[int] = NGRAMS) -> list[in
 
 
 class LookupIndex:
-    """Prompt lookup over one growing sequence (prompt + output) from an index: per n-gram size g, the g
-    tokens → the latest start of an occurrence other than the sequence's own last g tokens. Only tokens
-    committed since the last `propose` are indexed: O(new tokens) per forward, not O(length)."""
+    """Prompt lookup over one growing sequence (prompt + output) from an index (a `Drafter`): per n-gram
+    size g, the g tokens → the latest start of an occurrence other than the sequence's own last g tokens.
+    Only tokens committed since the last `find` are indexed: O(new tokens) per forward, not O(length)."""
+
+    source = "lookup"
+    width = 0  # it reads no value of the forward: the committed tokens
 
     def __init__(self, prompt: Sequence[int], ngrams: Sequence[int] = NGRAMS):
         self.prompt_length = len(prompt)
@@ -65,7 +70,14 @@ class LookupIndex:
         self.indexed = len(seq)
         return seq
 
-    def propose(self, out: Sequence[int], n: int) -> list[int]:
+    def values(self, seen: Seen) -> list:
+        return []
+
+    def propose(self, values: Sequence[float], seen: Seen) -> list[int]:
+        """`find` for the tokens committed so far (`seen.out`), at most `seen.longest` of them."""
+        return self.find(seen.out, seen.longest)
+
+    def find(self, out: Sequence[int], n: int) -> list[int]:
         """The n tokens that followed the latest earlier occurrence of the last 3 (else 2) tokens of
         prompt + `out` (the output so far: only its new tokens are read), or [] when there is none."""
         seq = self._catch_up(out)

@@ -4,35 +4,28 @@ vLLM's (V1) runner calls `propose(sampled_token_ids, num_tokens_no_spec, token_i
 once per step, after sampling and bookkeeping, in the worker process that ran the model; entry i of
 every argument is request i of this step's batch. The draft returned for a request is
 
-    prompt lookup's continuation (sbd's rule, `sbd.decoding.lookup.draft`), when lookup is on and finds
+    prompt lookup's continuation (sbd's rule, the request's `LookupIndex`), when lookup is on and finds
     one, else [d_1..d_n, MASK x k]: d = the masks' chain of the previous step (masks 2..k; the first
     mask sits where the bonus token went), only if every draft token of that step stood, else no d.
 
-vLLM schedules the draft as speculative tokens, verifies them with its own rejection sampler and always
-refuses the masks (their logit is -inf), so the outputs are vLLM's outputs without speculation. A lookup
-draft goes without masks, as in sbd (`VerifyRow.feed`): if it all stands, lookup drafts again.
+vLLM verifies the draft with its own rejection sampler and always refuses the masks (their logit is -inf):
+the outputs are vLLM's own. A lookup draft goes without masks, as in sbd (`VerifyRow.feed`).
 
 Drafting (`sbd_draft`): "adaptive" (default) is sbd's `draft="adaptive"` per request: each request holds
-the `DraftPolicy` every sbd-verify row holds (mask count, lookup length, chains cut where the masks are
-unsure). Widths are priced by this engine's own step times (`StepCost`, the class sbd's engine holds, kept
+the `DraftPolicy` and drafters every sbd-verify row holds (`_Req`). Widths are priced by this engine's own step times (`StepCost`, the class sbd's engine holds, kept
 apart for forwards with masks and without); in a batch of B a request's extra width delays all B (1 +
 B·(T(B − 1 + w)/T(B) − 1)). Then one decision for the whole step (`sbd.decoding.batch_drafts`): the least
 valuable drafts go first while that pays, a plain step when nothing does. A lookup draft that does not pay
 is a plain step here (`DraftPolicy.lookup_length`, skip_unpaid). Probes are batch-wide: after
 `DraftOptions.probe_every` − 1 plain engine steps, one step lets every request put up a one-token probe.
-vLLM's runner is read in `runner.py` only; the masks' chains are built in `chains.py`, counters in `stats.py`.
-"block": always k masks (`sbd_masks`) and full lookup drafts (the fixed rule, for comparison/tests).
+vLLM's runner is read in `runner.py` only, the masks' chains in `chains.py`. "block": always k masks and
+full lookup drafts (the fixed rule, for comparison and tests).
 
-Settings (model config keys, `hf_overrides` can set them): `sbd_masks` (k, the most masks; default the
-adapter's block size), `sbd_lookup` / `sbd_lookup_max` (default the adapter's `decoding` record),
-`sbd_sampler_head`, `sbd_draft`, `sbd_cost_slope` (a fixed cost 1 + slope·(w − 1) per request instead
-of the measured one: for tests). `num_speculative_tokens` caps every draft (masks included).
+Settings (model config keys; `hf_overrides`): `sbd_masks` (the most masks; default the adapter's block size),
+`sbd_lookup` / `sbd_lookup_max` (default the adapter's `decoding` record), `sbd_sampler_head`, `sbd_draft`,
+`sbd_cost_slope` (a fixed 1 + slope·(w − 1), for tests). `num_speculative_tokens` caps every draft.
 
-Counters (`stats`): engine steps that sampled, tokens they yielded, where the drafts came from,
-whether vLLM runs the model compiled (`compiled`), the model's forwards (`forwards`) and how many of them
-ran eagerly (`eager_forwards`: none when compiled);
-with `SBD_VLLM_STATS=path` they are written there as JSON after every step (the worker is another
-process; this is how the tests read tokens per forward).
+Counters (`stats.py`) go to `SBD_VLLM_STATS=path` as JSON after every step (the tests read them there).
 """
 
 from __future__ import annotations
@@ -43,7 +36,9 @@ import time
 from sbd.decoding.batch_drafts import drafts_to_drop
 from sbd.decoding.defaults import from_record
 from sbd.decoding.draft_policy import DEFAULT_OPTIONS, LOOKUP_MAX, DraftOptions, DraftPolicy
-from sbd.decoding.proposers import lookup as sbd_lookup
+from sbd.decoding.proposers.base import Seen
+from sbd.decoding.proposers.chain import MaskChain
+from sbd.decoding.proposers.lookup import LookupIndex
 from sbd.decoding.width_cost import StepCost
 
 from . import stats
@@ -52,13 +47,16 @@ from .runner import RunnerView, find_runner
 
 
 class _Req:
-    """A request: its drafting policy (the one `VerifyRow` holds), where this step's draft came from
-    ("masks", "lookup", None) and the last step that saw it."""
+    """A request: its drafting policy and drafters (those `VerifyRow` holds: the masks' chain, prompt
+    lookup's index over its tokens), where this step's draft came from ("masks", "lookup", None) and the
+    last step that saw it."""
 
-    __slots__ = ("policy", "source", "seen")
+    __slots__ = ("policy", "chain", "lookup", "source", "seen")
 
     def __init__(self, masks: int, options: DraftOptions):
         self.policy = DraftPolicy(masks, options)
+        self.chain = MaskChain()
+        self.lookup: LookupIndex | None = None  # made at the first lookup, over the tokens then
         self.source = None
         self.seen = 0
 
@@ -145,7 +143,9 @@ class SBDProposer:
             r.policy.record(r.source, kept, kept < n)
 
     def _lookup_draft(self, r: _Req, seq, room: int, cost, probe: bool) -> list[int]:
-        found = sbd_lookup.draft(seq, min(self.lookup_max, room))  # sbd's scan (rows keep its index)
+        if r.lookup is None or len(seq) < r.lookup.indexed:  # a request's tokens only grow, else start over
+            r.lookup = LookupIndex(seq)
+        found = r.lookup.propose([], Seen(out=seq[r.lookup.prompt_length :], longest=min(self.lookup_max, room)))
         if self.mask_id in found:  # a mask token copied from a prompt: never a draft token
             found = found[: found.index(self.mask_id)]
         # a lookup draft that does not pay even at its best length is a plain step here (sbd's rows
@@ -219,8 +219,9 @@ class SBDProposer:
                 wants_chain[i] = min(r.policy.n_masks, room)
             drafts[i] = draft
         if wants_chain:
-            chains, again = mask_chains(self.model, self.head, stash, wants_chain, sampled_token_ids,
-                                        self.runner.req_ids(), self.adaptive and self.options.cuts_chains(False)) \
+            chains, again = mask_chains(self.model, self.head, stash, {i: self._reqs[req_ids[i]].chain for i in wants_chain},
+                                        sampled_token_ids, self.runner.req_ids(),
+                                        self.adaptive and self.options.cuts_chains(False)) \
                 if stash is not None else ({}, False)
             self.stats["logits_fallback"] += again
             self.stats["head_chains"] += len(chains) if self.head is not None else 0
