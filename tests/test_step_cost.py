@@ -28,6 +28,21 @@ def test_medians_of_the_steps_price_widths_and_a_stall_moves_nothing():
     assert 3 not in cost.measured() and cost.measured() == {1: 1.0, 4: pytest.approx(2.0)}
 
 
+def test_steps_that_feed_masks_are_priced_apart_from_those_that_do_not():
+    """A lookup draft (no masks) and a mask draft of one width differ in cost where the drafting adapter
+    is dear (quantized weights on a CPU): `masks` prices the second from its own steps."""
+    cost = StepCost(_line(0.1))
+    for _ in range(3):
+        cost.add(1, 0.010)
+        cost.add(3, 0.012)
+    assert cost.masks(3) == cost(3) == pytest.approx(1.2)  # no step with masks yet: priced as the others
+    for _ in range(3):
+        cost.add(3, 0.019, masks=True)
+    assert cost(3) == pytest.approx(1.2) and cost.masks(3) == pytest.approx(1.9)
+    assert cost.masks(4) == pytest.approx(1.9 * 1.3 / 1.2)  # beyond its widths: the prior's shape
+    assert cost.masks.plain == cost.plain
+
+
 def test_a_width_never_measured_alone_is_anchored_by_the_prior():
     cost = StepCost(_line(0.1))
     for _ in range(3):
@@ -46,7 +61,7 @@ def test_a_call_times_no_forward_and_its_steps_teach_the_cost(llama, monkeypatch
     real_call, real_add = ModelForward.__call__, StepCost.add
     monkeypatch.setattr(ModelForward, "__call__", lambda self, step, *a, **k: calls.append(
         step.tokens.shape[1]) or real_call(self, step, *a, **k))
-    monkeypatch.setattr(StepCost, "add", lambda self, w, s: adds.append(w) or real_add(self, w, s))
+    monkeypatch.setattr(StepCost, "add", lambda self, w, s, masks=False: adds.append(w) or real_add(self, w, s, masks))
     r = sbd.generate(llama, None, [[5, 6, 7, 8, 9] * 4], method="sbd-verify", draft="adaptive", block_size=4,
                      max_new_tokens=64, eos_token_ids=[])
     assert len(calls) == 1 + r.nfe[0]  # the prefill and the decoding forwards: nothing else ran

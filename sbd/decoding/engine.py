@@ -240,7 +240,8 @@ class Engine:
         if not math.isfinite(values[0]):
             raise SBDError("the model returned NaN or infinite logits; decoding stopped (check the weights and dtype)")
         if self.step_cost is not None and decoding:  # from the forward to its one host read (a GPU sync)
-            self.step_cost.add(width, time.perf_counter() - started)
+            self.step_cost.add(width, time.perf_counter() - started,
+                               masks=any(len(f.tokens) > f.n_commit for f in feeds))
         at, done = 1, []
         for i, (r, a) in enumerate(zip(rows, asks)):
             m = a.numel() if a is not None else 0

@@ -216,6 +216,7 @@ class VerifyRow(Row):
         self.options, self.tree = spec.draft_options, trees.check_shape(spec.tree)
         self.block_size, self.mask_id = spec.block_size, int(mask_id)
         self.cost = cost if spec.draft == "adaptive" else None
+        self.mask_cost = getattr(self.cost, "masks", self.cost)  # a step that feeds masks (`StepCost.masks`)
         # fallback: whole-block greedy drafts only (`DraftPolicy.fall_back`)
         self.policy = DraftPolicy(self.block_size, self.options, tree=self.tree or (), fallback=spec.fallback and
                                   self.cost is None and spec.eb_gamma is None and self.temperature <= 0)
@@ -333,7 +334,7 @@ class VerifyRow(Row):
         else:  # the masks' chain (the sampler head's, when it drew it)
             self._next_draft(self.chain.propose(rest))
             if self.chain.probs is not None and not self.from_lookup:  # adaptive: as far as the drafter is sure
-                self.draft = self.draft[: self.policy.confident(self.chain.probs, self.cost, self.policy.n_masks)]
+                self.draft = self.draft[: self.policy.confident(self.chain.probs, self.mask_cost, self.policy.n_masks)]
         return n - a
 
     def _verified(self, kept: int, proposed: int, refused: bool) -> None:
@@ -342,7 +343,7 @@ class VerifyRow(Row):
         self.accepted.append(kept)
         self.proposed += proposed
         self.policy.record("lookup" if self.from_lookup else "masks", kept, refused)
-        self.policy.adapt(self.cost)
+        self.policy.adapt(self.mask_cost)
 
     def _next_draft(self, masks_draft: list[int]) -> None:
         """The next draft: prompt lookup's continuation when lookup is on and finds one, as long as the

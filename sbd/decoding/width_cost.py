@@ -11,6 +11,10 @@ nearest measured width. Every width is priced against the one-token step, so whe
 measured lately the cost asks the rows for one (`StepCost.plain`: no draft, no masks; a few steps in 16
 until it has a median, then in 512).
 
+Steps that feed masks are timed apart (`StepCost.masks`, read for mask drafts; a lookup draft is priced from
+the steps without): the drafting adapter runs only in them, and on quantized weights on a CPU it makes such
+a step ~0.5 one-token steps dearer than one of the same width without masks.
+
 The prior needs no timing: the estimate remembered from earlier runs of the same model shape, batch size
 and machine (`$SBD_CACHE/step_costs/`, or `$SBD_COSTS_CACHE`), each run's medians averaged into it; else
 a default line, 1 + slope·(w − 1) (`DEFAULT_SLOPE`: 0.15 on a CPU, where SmolLM2's 16-token forward costs
@@ -73,27 +77,38 @@ class StepCost:
         self._unsaved = 0
         self._since_plain = 0  # steps since the last one-token step
         self.plain = False  # rows, please feed no draft and no masks now: a one-token step to measure
+        self._with_masks: StepCost | None = None  # steps that fed masks, timed apart (`masks`)
 
-    def add(self, width: int, seconds: float) -> None:
-        """One decoding step of `width` columns took `seconds`."""
+    def add(self, width: int, seconds: float, masks: bool = False) -> None:
+        """One decoding step of `width` columns took `seconds`; masks: it fed masks (then the drafting
+        adapter ran too: such a step is timed apart, `masks`)."""
         if width < 1 or not math.isfinite(seconds) or seconds <= 0:
             return
-        q = self._samples.setdefault(width, deque(maxlen=KEEP))
-        q.append(seconds)
         # Every width is priced relative to the one-token step, which adaptive drafts rarely run on their
         # own: ask every row for one now and then (at most PLAIN_ASK steps in PLAIN_GAP).
         self._since_plain = 0 if width == 1 else self._since_plain + 1
         gap = PLAIN_GAP[1 in self._median]
         self.plain = self._since_plain % gap >= gap - PLAIN_ASK
+        if masks:
+            if self._with_masks is None:
+                self._with_masks = StepCost(self.prior)
+            self._with_masks._sample(width, seconds)
+            return
+        self._sample(width, seconds)
+        self._unsaved += 1
+        if self._unsaved >= SAVE_EVERY:
+            self.save()
+
+    def _sample(self, width: int, seconds: float) -> None:
+        """One step's time in the record of its width (the median of the last KEEP)."""
+        q = self._samples.setdefault(width, deque(maxlen=KEEP))
+        q.append(seconds)
         if len(q) >= LEAST:
             s = sorted(q)
             self._median[width] = s[len(s) // 2]
             if width not in self._known:
                 bisect.insort(self._known, width)
             self._memo.clear()
-        self._unsaved += 1
-        if self._unsaved >= SAVE_EVERY:
-            self.save()
 
     def seconds(self, w: int) -> float | None:
         """The time of a `w`-wide step from the steps measured (None before any width has a median)."""
@@ -154,6 +169,14 @@ class StepCost:
             self._memo[w] = c
         return c
 
+    @property
+    def masks(self) -> "MaskSteps":
+        """The cost of a step that feeds masks (a mask draft's): its width's median among such steps over
+        the one-token step's, where both are measured, else this cost's. On quantized weights on a CPU a
+        step with masks costs ~0.5 one-token steps more than one of the same width without (the drafting
+        adapter), so a lookup draft and a mask draft of one width are not priced alike."""
+        return MaskSteps(self)
+
     def measured(self) -> dict[int, float]:
         """{width: relative time} at the widths this process measured."""
         return {w: self(w) for w in self._known}
@@ -176,6 +199,22 @@ class StepCost:
             os.replace(tmp, self.path)
         except OSError:
             return
+
+
+class MaskSteps:
+    """`StepCost.masks`: width -> relative time of a step that feeds masks; `plain` as its step cost's."""
+
+    def __init__(self, cost: StepCost):
+        self.cost = cost
+
+    @property
+    def plain(self) -> bool:
+        return self.cost.plain
+
+    def __call__(self, w: int) -> float:
+        own, one = self.cost._with_masks, self.cost.seconds(1)
+        t = own.seconds(w) if own is not None and one is not None else None  # None: no such step measured yet
+        return self.cost(w) if t is None else max(1.0, t / one)
 
 
 @functools.lru_cache(maxsize=1)
