@@ -155,9 +155,9 @@ class ModelForward:
         self.exact = self.routed and row_invariant(model)
         self.why_not_lean = ("it was switched off" if lean is False else None if self.routed else
                              "its attention is not routed through sbd's") or llama_forward.supported(model)
-        if self.why_not_lean is None and llama_forward.LlamaForward.foreign_hooks(model):
-            self.why_not_lean = "its decoder layers carry forward hooks"
         self.lean = llama_forward.LlamaForward(model) if self.why_not_lean is None else None
+        if self.lean is not None and self.lean.foreign_hooks():
+            self.lean, self.why_not_lean = None, "its decoder layers carry forward hooks"
         if row_invariant(model) and not self.routed:  # else sbd-verify would leave NTP's tokens, silently
             why = ("attention='dense' was asked for" if attention != "auto" else
                    f"its attention is {getattr(model.config, '_attn_implementation', None)!r}, not transformers' 'sdpa'")

@@ -94,7 +94,7 @@ class LlamaForward:
         self.model = model
         self.inner = model.model
         self.adapter = adapter_of(model)
-        keys = layer_keys(self.adapter, model) if self.adapter is not None else {}
+        self._keys = keys = layer_keys(self.adapter, model) if self.adapter is not None else {}
         self.layers = []  # per layer, what a step reads, bound once (module attribute lookups cost per call)
         for layer in self.inner.layers:
             a, m = layer.self_attn, layer.mlp
@@ -104,15 +104,12 @@ class LlamaForward:
                                 tuple(_linear_entry(lin, keys.get(id(lin)), self.adapter) for lin in lins)))
         self.final_norm = _norm(self.inner.norm)
 
-    @staticmethod
-    def foreign_hooks(model) -> bool:
+    def foreign_hooks(self) -> bool:
         """Whether a decoder layer's module carries forward hooks other than the drafting adapter's (this
         forward would bypass them: then transformers runs the model). Read when an engine starts."""
-        adapter = adapter_of(model)
-        keys = layer_keys(adapter, model) if adapter is not None else {}
-        for layer in model.model.layers:
+        for layer in self.inner.layers:
             for mod in layer.modules():
-                if len(mod._forward_pre_hooks) or len(mod._forward_hooks) > (id(mod) in keys):
+                if len(mod._forward_pre_hooks) or len(mod._forward_hooks) > (id(mod) in self._keys):
                     return True
         return False
 

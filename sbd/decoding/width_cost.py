@@ -109,6 +109,8 @@ class StepCost:
             if width not in self._known:
                 bisect.insort(self._known, width)
             self._memo.clear()
+            if self._with_masks is not None:  # its prices are relative to this record's one-token step
+                self._with_masks._memo.clear()
 
     def seconds(self, w: int) -> float | None:
         """The time of a `w`-wide step from the steps measured (None before any width has a median)."""
@@ -212,9 +214,15 @@ class MaskSteps:
         return self.cost.plain
 
     def __call__(self, w: int) -> float:
-        own, one = self.cost._with_masks, self.cost.seconds(1)
-        t = own.seconds(w) if own is not None and one is not None else None  # None: no such step measured yet
-        return self.cost(w) if t is None else max(1.0, t / one)
+        own = self.cost._with_masks
+        if own is None:  # no step with masks measured yet: priced as the others
+            return self.cost(w)
+        c = own._memo.get(w)  # cleared whenever either record gains a median (`_sample`)
+        if c is None:
+            one = self.cost.seconds(1)
+            t = own.seconds(w) if one is not None else None
+            c = own._memo[w] = self.cost(w) if t is None else max(1.0, t / one)
+        return c
 
 
 @functools.lru_cache(maxsize=1)
