@@ -46,6 +46,10 @@ class DraftOptions:
     probe_every: while no draft pays (or the fallback holds), a probe every this many plain steps notices
     drafts that start to pay again.
 
+    price_first_draft (adaptive drafting): a row's first draft feeds as many masks as pay on the record's
+    prior (a token stands with chance 1/2), as every later one does and as the vLLM proposer does. False: a
+    whole block of masks, before any record exists (measured: docs/performance.md §9, "The first draft").
+
     fallback_after, fallback_alpha (whole-block drafts of masks never trained for drafting): after this
     many refused drafts, plain next-token steps while a draft token's estimated chance to stand stays
     under fallback_alpha (a whole-block draft forward then yields < 1.18 tokens, less than its width costs
@@ -56,6 +60,7 @@ class DraftOptions:
     adaptive_lookup: bool = True
     refusal_cost: float | None = 0.5
     probe_every: int = 16
+    price_first_draft: bool = True
     fallback_after: int = 8
     fallback_alpha: float = 0.15
 

@@ -220,6 +220,8 @@ class VerifyRow(Row):
         # fallback: whole-block greedy drafts only (`DraftPolicy.fall_back`)
         self.policy = DraftPolicy(self.block_size, self.options, tree=self.tree or (), fallback=spec.fallback and
                                   self.cost is None and spec.eb_gamma is None and self.temperature <= 0)
+        if self.cost is not None and self.options.price_first_draft:
+            self.policy.adapt(self.mask_cost)  # the first draft's masks, from the record's prior
         self.lookup_max = spec.lookup_max  # the longest lookup draft
         self.lookup_index = LookupIndex(self.prompt) if spec.lookup else None
         self.chain = MaskChain()
