@@ -166,6 +166,20 @@ def test_a_finished_run_is_refused_unless_resume_or_overwrite_says_otherwise(wor
     assert {p.name: p.read_bytes() for p in foreign.iterdir() if p.is_file()} == files
 
 
+def test_a_config_is_never_changed_and_the_run_records_the_max_len_it_filled_in(workdir, tmp_path):
+    import dataclasses
+
+    from sbd.training.run import RUN_FILE, TrainConfig, train
+
+    config = TrainConfig(model=workdir / "model", data=workdir / "toy.jsonl", out=tmp_path / "run", steps=1,
+                         batch_size=2, block_size_max=8, progress=False)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.max_len = 64
+    train(config)
+    assert config.max_len is None  # the caller's config is as it was made
+    assert json.loads((tmp_path / "run" / RUN_FILE).read_text())["max_len"] == 128  # the model's context
+
+
 def _error(capsys, argv):
     code = main(argv)
     err = capsys.readouterr().err.strip().splitlines()

@@ -152,13 +152,14 @@ class ModelForward:
         self.narrow = uses_narrow_linear(model)  # part of what a forward's time depends on (`shape`)
         # row-invariant linear layers (quantized weights): attention per committed token, so that a wide
         # forward's committed positions are bitwise NTP's one-token forwards ("exact" plan)
-        self.exact = self.routed and row_invariant(model)
+        invariant = row_invariant(model)
+        self.exact = self.routed and invariant
         self.why_not_lean = ("it was switched off" if lean is False else None if self.routed else
                              "its attention is not routed through sbd's") or llama_forward.supported(model)
         self.lean = llama_forward.LlamaForward(model) if self.why_not_lean is None else None
         if self.lean is not None and self.lean.foreign_hooks():
             self.lean, self.why_not_lean = None, "its decoder layers carry forward hooks"
-        if row_invariant(model) and not self.routed:  # else sbd-verify would leave NTP's tokens, silently
+        if invariant and not self.routed:  # else sbd-verify would leave NTP's tokens, silently
             why = ("attention='dense' was asked for" if attention != "auto" else
                    f"its attention is {getattr(model.config, '_attn_implementation', None)!r}, not transformers' 'sdpa'")
             raise SBDError(f"quantized weights decode only through sbd's exact attention, which this model cannot "

@@ -16,7 +16,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
 from pydantic import ValidationError
 
-from ..models.quantized import weights_format
 from . import errors
 from . import protocol as P
 from .config import ServerConfig
@@ -32,7 +31,8 @@ __all__ = ["ServerConfig", "create_app"]
 def create_app(model, tokenizer, config: ServerConfig | None = None) -> FastAPI:
     """The FastAPI app serving `model`; the engine thread starts and stops with the app's lifespan."""
     server = Server(model, tokenizer, config or ServerConfig())
-    weights = weights_format(model) or str(model.dtype).replace("torch.", "")  # the model card names them
+    # the model card names them: the format the server read once (`ModelFacts.weights`), else the dtype
+    weights = server.facts.weights or str(model.dtype).replace("torch.", "")
 
     @asynccontextmanager
     async def lifespan(app):

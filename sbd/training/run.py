@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 
@@ -27,9 +27,13 @@ def _opt(help_text: str, **extra) -> dict:
     return {"help": help_text, **extra}
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
     """Every setting of a training run. Field names are the `sbd train` options (`_` → `-`).
+
+    Frozen: its values are checked once, when it is made, and the run only reads them. What the run fills
+    in itself (--max-len from the model's context) makes a new config (`dataclasses.replace`, checked
+    again), which is the one the run uses and records in `RUN_FILE`.
 
     `resume_keys` lists what a resumed run must share with the run it continues.
     """
@@ -140,9 +144,11 @@ class TrainConfig:
                    "sampler_head_weight", "group_by_length", "seed")
 
     def __post_init__(self):
-        self.model, self.data, self.out = str(self.model), str(self.data), str(self.out)
+        # a Path is kept as the text the run records; frozen, so these are its only writes, before any check
+        for name in ("model", "data", "out"):
+            object.__setattr__(self, name, str(getattr(self, name)))
         if self.eval_data is not None:
-            self.eval_data = str(self.eval_data)
+            object.__setattr__(self, "eval_data", str(self.eval_data))
         self.validate()
 
     def validate(self) -> None:
@@ -230,7 +236,9 @@ def _is_main_process() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
-def _check_paths(config: TrainConfig) -> None:
+def _check_paths(config: TrainConfig) -> TrainConfig:
+    """Checks the paths and lengths before anything is loaded; returns the config the run goes on with
+    (--max-len filled in from the model's context where it was not given)."""
     for flag, spec in (("--data", config.data), ("--eval-data", config.eval_data)):
         if spec is not None and not spec.startswith(RG_PREFIX) and not Path(spec).is_file():
             raise SBDError(f"{flag} file {spec!r} does not exist")
@@ -250,12 +258,13 @@ def _check_paths(config: TrainConfig) -> None:
         if not torch.cuda.is_available():
             raise SBDError("--attention flex needs a CUDA GPU (flex_attention trains on CUDA only); on this machine "
                            "use --attention auto or sdpa")
-    _check_lengths(config)
+    return _check_lengths(config)
 
 
-def _check_lengths(config: TrainConfig) -> None:
+def _check_lengths(config: TrainConfig) -> TrainConfig:
     """Block sizes against --max-len and the model's context, --max-len against the context, and the
-    dense training mask against memory, before anything is loaded."""
+    dense training mask against memory, before anything is loaded. Returns `config` with --max-len
+    filled in (1024, or the model's context if that is shorter) where it was not given."""
     largest = config.block_size or config.block_size_max
     context = None
     try:
@@ -265,20 +274,22 @@ def _check_lengths(config: TrainConfig) -> None:
                       if isinstance(v, int) and v > 0)
     except (OSError, ValueError, TypeError, AttributeError):
         pass  # sbd.load names a missing or broken config later
-    if config.max_len is None:
-        config.max_len = min(DEFAULT_MAX_LEN, context or DEFAULT_MAX_LEN)
-    elif context is not None and config.max_len > context:
-        raise SBDError(f"--max-len {config.max_len} exceeds the model's context of {context} positions; "
+    max_len = config.max_len
+    if max_len is None:
+        max_len = min(DEFAULT_MAX_LEN, context or DEFAULT_MAX_LEN)
+    elif context is not None and max_len > context:
+        raise SBDError(f"--max-len {max_len} exceeds the model's context of {context} positions; "
                        f"use --max-len {context} or less")
-    if largest > config.max_len:
-        raise SBDError(f"block size {largest} exceeds --max-len {config.max_len}: a block must fit in a sequence")
+    if largest > max_len:
+        raise SBDError(f"block size {largest} exceeds --max-len {max_len}: a block must fit in a sequence")
     # the doubled sequence is at most max_len + (max_len rounded up to a block) long; its dense bool mask
     # is (batch, T, T) bytes on CPU
-    t = config.max_len + -(-config.max_len // largest) * largest
+    t = max_len + -(-max_len // largest) * largest
     mask_bytes = config.batch_size * t * t
     if mask_bytes > 8 * 2**30:
-        raise SBDError(f"--batch-size {config.batch_size} at --max-len {config.max_len} needs a {mask_bytes / 2**30:.0f} "
+        raise SBDError(f"--batch-size {config.batch_size} at --max-len {max_len} needs a {mask_bytes / 2**30:.0f} "
                        "GiB attention mask per micro-batch; lower --max-len or --batch-size")
+    return config if max_len == config.max_len else replace(config, max_len=max_len)
 
 
 # what a run writes into --out besides its checkpoints: its settings, its log, and the final model (weights,
@@ -382,7 +393,7 @@ def train(config: TrainConfig) -> Path:
     gradient norm raises SBDError and saves nothing after it. User mistakes raise SBDError before any
     model is loaded where possible.
     """
-    _check_paths(config)
+    config = _check_paths(config)  # the resolved config: the one the run uses and records
     try:
         if not _is_main_process():
             return _run(config)
