@@ -243,6 +243,19 @@ def test_best_draft_length_follows_acceptance_and_cost():
     assert best_draft_length(0.8, step, 7) > 0
 
 
+def test_a_refused_draft_is_priced_with_the_forward_that_restarts_drafting():
+    """After a refusal the next forward has no draft and feeds its masks alone: a draft that is often
+    refused must pay for that forward too (int4 SmolLM2's prices of steps with masks, measured)."""
+    from sbd.decoding.draft_lengths import best_draft_length, expected_tokens
+
+    measured = {1: 1.0, 2: 1.3, 3: 1.74, 4: 1.81, 5: 2.24, 6: 2.29, 7: 2.39, 8: 2.5}
+    prices = lambda w: measured.get(w, 2.5 + 0.18 * (w - 8))  # noqa: E731
+    assert expected_tokens(0.8, 3) / prices(8) > 1.0  # counted alone, a 3-token draft would look worth it
+    assert best_draft_length(0.8, prices, 7) == 0  # with the restart it is not: plain steps
+    assert best_draft_length(0.97, prices, 7) >= 3  # drafts that nearly always stand still pay
+    assert best_draft_length(0.8, lambda w: 1.0, 7) == 7  # free width: a restart costs one plain step only
+
+
 def test_confident_length_stops_before_the_place_the_drafter_is_unsure_of():
     from sbd.decoding.draft_lengths import confident_length
 

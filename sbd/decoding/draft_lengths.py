@@ -19,12 +19,19 @@ def best_draft_length(alpha: float, cost, longest: int, tree: Sequence[int] = ()
     A verifying forward with a draft of d ≥ 1 tokens feeds 1 + d + (d + 1) tokens (head, draft, and the
     masks that draft the next d) and costs `cost(2d + 2)` one-token forwards; if each draft token stands
     with probability alpha once the one before it stood, it yields 1 + alpha·(1 − alpha^d)/(1 − alpha)
-    tokens on average. d = 0 is a plain next-token step (1 token for `cost(1)`), chosen when no draft
-    pays for its width. tree: widths per depth of tree drafts, whose branches widen the forward by
-    w − 1 tokens at each depth up to d (alpha is then the tree's rate per depth)."""
+    tokens on average. When a draft token is refused (1 − alpha^d), the masks beside it drafted for the
+    wrong places: the next forward has no draft and feeds its d + 1 masks alone, one token for
+    `cost(d + 2)`, before drafts resume. That restart is counted with the draft that causes it (without
+    it, on int4 SmolLM2 chat prompts every refused draft was followed by such a forward, and sbd-verify ran
+    at 0.84x NTP: docs/performance.md §9, "Refused drafts cost a forward more"). d = 0 is a plain
+    next-token step (1 token for `cost(1)`), chosen when no draft pays for its width. tree: widths per
+    depth of tree drafts, whose branches widen the forward by w − 1 tokens at each depth up to d (alpha is
+    then the tree's rate per depth)."""
     best, value = 0, 1.0 / cost(1)
     for d in range(1, max(0, longest) + 1):
-        v = expected_tokens(alpha, d) / cost(2 * d + 2 + sum(w - 1 for w in tree[:d]))
+        restart = 0.0 if alpha >= 1 else 1.0 - alpha ** d
+        v = (expected_tokens(alpha, d) + restart) / (cost(2 * d + 2 + sum(w - 1 for w in tree[:d]))
+                                                     + restart * cost(d + 2))
         if v > value + 1e-12:
             best, value = d, v
     return best
