@@ -44,7 +44,9 @@ class DraftOptions:
     (`best_lookup_length`); False drafts all of it whenever lookup finds one.
 
     probe_every: while no draft pays (or the fallback holds), a probe every this many plain steps notices
-    drafts that start to pay again.
+    drafts that start to pay again. 48, not 16: a probe costs ~1.9 plain steps on quantized weights, and on
+    SmolLM2 every 48 ran 1.02–1.07x every 16 (int4 and float32, chat and gsm prompts; 128 as fast as 48;
+    docs/performance.md §9, "Probes").
 
     price_first_draft (adaptive drafting): a row's first draft feeds as many masks as pay on the record's
     prior (a token stands with chance 1/2), as every later one does and as the vLLM proposer does. False: a
@@ -59,7 +61,7 @@ class DraftOptions:
     cut_head_chains: bool = False
     adaptive_lookup: bool = True
     refusal_cost: float | None = 0.5
-    probe_every: int = 16
+    probe_every: int = 48
     price_first_draft: bool = True
     fallback_after: int = 8
     fallback_alpha: float = 0.15
