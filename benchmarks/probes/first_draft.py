@@ -28,7 +28,7 @@ def main(fmt: str, which: str) -> None:
         prompts = [ex["entry"]["question"] for ex in make_split("gsm_symbolic", "test", 8, 0)]
     else:
         prompts = PROMPTS[:8]
-    settings = {"whole block": DraftOptions(price_first_draft=False), "priced": DraftOptions()}
+    settings = {"whole block": DraftOptions(price_first_draft=False), "priced": DraftOptions(price_first_draft=True)}
     for opts in settings.values():
         sbd.generate(model, tok, [prompts[0]], max_new_tokens=96, chat=True, draft_options=opts)
     res = {k: [0, 0.0, 0, []] for k in settings}
