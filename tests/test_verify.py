@@ -252,6 +252,7 @@ def test_a_refused_draft_is_priced_with_the_forward_that_restarts_drafting():
     prices = lambda w: measured.get(w, 2.5 + 0.18 * (w - 8))  # noqa: E731
     assert expected_tokens(0.8, 3) / prices(8) > 1.0  # counted alone, a 3-token draft would look worth it
     assert best_draft_length(0.8, prices, 7) == 0  # with the restart it is not: plain steps
+    assert best_draft_length(0.8, prices, 7, restart=False) == 3  # rows in one forward: not charged
     assert best_draft_length(0.97, prices, 7) >= 3  # drafts that nearly always stand still pay
     assert best_draft_length(0.8, lambda w: 1.0, 7) == 7  # free width: a restart costs one plain step only
 

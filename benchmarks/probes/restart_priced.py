@@ -20,7 +20,7 @@ from sbd.decoding import draft_policy  # noqa: E402
 from sbd.decoding.draft_lengths import best_draft_length, expected_tokens  # noqa: E402
 
 
-def priced_alone(alpha, cost, longest, tree=()):
+def priced_alone(alpha, cost, longest, tree=(), restart=True):
     """The rule before: a draft's expected tokens over its own forward's width, nothing else."""
     best, value = 0, 1.0 / cost(1)
     for d in range(1, max(0, longest) + 1):

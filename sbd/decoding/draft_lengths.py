@@ -13,7 +13,7 @@ def expected_tokens(alpha: float, d: int) -> float:
     return 1 + (d * alpha if alpha >= 1 else alpha * (1 - alpha ** d) / (1 - alpha))
 
 
-def best_draft_length(alpha: float, cost, longest: int, tree: Sequence[int] = ()) -> int:
+def best_draft_length(alpha: float, cost, longest: int, tree: Sequence[int] = (), restart: bool = True) -> int:
     """The draft length d (0..longest) that maximises expected tokens per unit of forward time.
 
     A verifying forward with a draft of d ≥ 1 tokens feeds 1 + d + (d + 1) tokens (head, draft, and the
@@ -26,12 +26,13 @@ def best_draft_length(alpha: float, cost, longest: int, tree: Sequence[int] = ()
     at 0.84x NTP: docs/performance.md §9, "Refused drafts cost a forward more"). d = 0 is a plain
     next-token step (1 token for `cost(1)`), chosen when no draft pays for its width. tree: widths per
     depth of tree drafts, whose branches widen the forward by w − 1 tokens at each depth up to d (alpha is
-    then the tree's rate per depth)."""
+    then the tree's rate per depth). restart False: the restart is not charged (sbd's engine decoding
+    several rows in one forward: a row's restart rides in a forward as wide as the other rows make it; charged
+    there, the demo model's batches of 8 took 1.2–1.6x the forwards)."""
     best, value = 0, 1.0 / cost(1)
     for d in range(1, max(0, longest) + 1):
-        restart = 0.0 if alpha >= 1 else 1.0 - alpha ** d
-        v = (expected_tokens(alpha, d) + restart) / (cost(2 * d + 2 + sum(w - 1 for w in tree[:d]))
-                                                     + restart * cost(d + 2))
+        r = 1.0 - alpha ** d if restart and alpha < 1 else 0.0
+        v = (expected_tokens(alpha, d) + r) / (cost(2 * d + 2 + sum(w - 1 for w in tree[:d])) + r * cost(d + 2))
         if v > value + 1e-12:
             best, value = d, v
     return best

@@ -120,7 +120,9 @@ class DraftPolicy:
         if getattr(cost, "plain", False):  # the step cost asks for a one-token step to measure (`width_cost`)
             self.n_masks = 0
             return
-        d = best_draft_length(self.alpha("masks"), cost, self.masks - 1, self.tree)
+        # a refusal's restart is charged where the row's forward is its own (`best_draft_length`)
+        d = best_draft_length(self.alpha("masks"), cost, self.masks - 1, self.tree,
+                              restart=getattr(cost, "rows", 1) <= 1)
         self.plain_steps = self.plain_steps + 1 if d == 0 else 0
         if d == 0 and (self.plain_steps % self.options.probe_every == 0 if probe is None else probe):
             d = 1  # a probe: masks now, a one-token draft verified in the next forward

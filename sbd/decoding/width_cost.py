@@ -77,6 +77,7 @@ class StepCost:
         self._unsaved = 0
         self._since_plain = 0  # steps since the last one-token step
         self.plain = False  # rows, please feed no draft and no masks now: a one-token step to measure
+        self.rows = 1  # rows its steps decode at once (`forward_costs` sets its batch)
         self._with_masks: StepCost | None = None  # steps that fed masks, timed apart (`masks`)
 
     def add(self, width: int, seconds: float, masks: bool = False) -> None:
@@ -213,6 +214,10 @@ class MaskSteps:
     def plain(self) -> bool:
         return self.cost.plain
 
+    @property
+    def rows(self) -> int:
+        return getattr(self.cost, "rows", 1)
+
     def __call__(self, w: int) -> float:
         own = self.cost._with_masks
         if own is None:  # no step with masks measured yet: priced as the others
@@ -289,4 +294,5 @@ def forward_costs(model, batch: int = 1) -> StepCost:
         path = _disk_file(disk_key(forward, batch))
         stored = _read(path)
         cost = per_model[batch] = StepCost(_prior(stored, DEFAULT_SLOPE.get(forward.device.type, 0.15)), path, stored)
+        cost.rows = batch  # rows decoded in one forward (the draft-length rule reads it)
     return cost
