@@ -8,16 +8,13 @@ to the old pricing, taking turns prompt by prompt (8 prompts, twice, after a war
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-import torch  # noqa: E402
-
-import sbd  # noqa: E402
-from quantized_decoding import PROMPTS  # noqa: E402
-from sbd.decoding import width_cost  # noqa: E402
-from sbd.decoding.width_cost import StepCost  # noqa: E402
+import sbd
+from sbd.decoding import width_cost
+from sbd.decoding.width_cost import StepCost
+from turns import prompt_set, take_turns
 
 
 def main(fmt: str, which: str) -> None:
@@ -31,25 +28,8 @@ def main(fmt: str, which: str) -> None:
     torch.set_num_threads(2)
     models = {k: sbd.load("smollm2", **({} if fmt == "float32" else {"weights": fmt})) for k in ("one median", "apart")}
     width_cost.forward_costs(models["one median"][0], 1).legacy = True
-    if which == "gsm":
-        from sbd.tasks.splits import make_split
-
-        prompts = [ex["entry"]["question"] for ex in make_split("gsm_symbolic", "test", 8, 0)]
-    else:
-        prompts = PROMPTS[:8]
-    for m, t in models.values():
-        sbd.generate(m, t, [prompts[0]], max_new_tokens=96, chat=True)
-    res = {k: [0, 0.0, 0, []] for k in models}
-    for p in prompts * 2:
-        for k, (m, t) in models.items():
-            r = sbd.generate(m, t, [p], max_new_tokens=96, chat=True)
-            res[k][0] += r.num_tokens
-            res[k][1] += r.seconds
-            res[k][2] += r.nfe[0]
-            res[k][3].append(r.token_ids[0])
-    for k, (n, s, f, t) in res.items():
-        print(f"{fmt} {which} {k}: {n / s:.1f} tokens/s, {n / f:.2f} tokens per forward, "
-              f"same tokens as one median: {t == res['one median'][3]}")
+    take_turns({k: (lambda p, m=m, t=t: sbd.generate(m, t, [p], max_new_tokens=96, chat=True))
+                for k, (m, t) in models.items()}, prompt_set(which), f"{fmt} {which}")
 
 
 if __name__ == "__main__":

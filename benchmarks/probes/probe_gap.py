@@ -8,15 +8,12 @@ warm-up call each), one SmolLM2 + its drafter.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-import torch  # noqa: E402
-
-import sbd  # noqa: E402
-from quantized_decoding import PROMPTS  # noqa: E402
-from sbd.decoding.draft_policy import DraftOptions  # noqa: E402
+import sbd
+from sbd.decoding.draft_policy import DraftOptions
+from turns import prompt_set, take_turns
 
 GAPS = (16, 48, 128)
 
@@ -24,27 +21,10 @@ GAPS = (16, 48, 128)
 def main(fmt: str, which: str) -> None:
     torch.set_num_threads(2)
     model, tok = sbd.load("smollm2", **({} if fmt == "float32" else {"weights": fmt}))
-    if which == "gsm":
-        from sbd.tasks.splits import make_split
-
-        prompts = [ex["entry"]["question"] for ex in make_split("gsm_symbolic", "test", 8, 0)]
-    else:
-        prompts = PROMPTS[:8]
     settings = {"ntp": {"method": "ntp"}}
     settings.update({f"probe every {g}": {"draft_options": DraftOptions(probe_every=g)} for g in GAPS})
-    for kw in settings.values():
-        sbd.generate(model, tok, [prompts[0]], max_new_tokens=96, chat=True, **kw)
-    res = {k: [0, 0.0, 0, []] for k in settings}
-    for p in prompts * 2:
-        for k, kw in settings.items():
-            r = sbd.generate(model, tok, [p], max_new_tokens=96, chat=True, **kw)
-            res[k][0] += r.num_tokens
-            res[k][1] += r.seconds
-            res[k][2] += r.nfe[0]
-            res[k][3].append(r.token_ids[0])
-    for k, (n, s, f, t) in res.items():
-        print(f"{fmt} {which} {k}: {n / s:.1f} tokens/s, {n / f:.2f} tokens per forward, "
-              f"same tokens as NTP: {t == res['ntp'][3]}")
+    take_turns({k: (lambda p, kw=kw: sbd.generate(model, tok, [p], max_new_tokens=96, chat=True, **kw))
+                for k, kw in settings.items()}, prompt_set(which), f"{fmt} {which}")
 
 
 if __name__ == "__main__":

@@ -8,16 +8,13 @@ prompt by prompt (8 prompts, twice, after a warm-up call each), sbd-verify with 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-import torch  # noqa: E402
-
-import sbd  # noqa: E402
-from quantized_decoding import PROMPTS  # noqa: E402
-from sbd.decoding import draft_policy  # noqa: E402
-from sbd.decoding.draft_lengths import best_draft_length, expected_tokens  # noqa: E402
+import sbd
+from sbd.decoding import draft_policy
+from sbd.decoding.draft_lengths import best_draft_length, expected_tokens
+from turns import prompt_set, take_turns
 
 
 def priced_alone(alpha, cost, longest, tree=(), restart=True):
@@ -33,33 +30,17 @@ def priced_alone(alpha, cost, longest, tree=(), restart=True):
 def main(fmt: str, which: str) -> None:
     torch.set_num_threads(2)
     model, tok = sbd.load("smollm2", **({} if fmt == "float32" else {"weights": fmt}))
-    if which == "gsm":
-        from sbd.tasks.splits import make_split
-
-        prompts = [ex["entry"]["question"] for ex in make_split("gsm_symbolic", "test", 8, 0)]
-    else:
-        prompts = PROMPTS[:8]
     settings = {"ntp": (best_draft_length, {"method": "ntp"}), "priced alone": (priced_alone, {}),
                 "with the restart": (best_draft_length, {})}
 
-    def run(name, p):
-        draft_policy.best_draft_length = settings[name][0]
-        return sbd.generate(model, tok, [p], max_new_tokens=96, chat=True, **settings[name][1])
+    def run(p, rule, kw):
+        draft_policy.best_draft_length = rule
+        return sbd.generate(model, tok, [p], max_new_tokens=96, chat=True, **kw)
 
-    for name in settings:
-        run(name, prompts[0])
-    res = {k: [0, 0.0, 0, []] for k in settings}
-    for p in prompts * 2:
-        for name in settings:
-            r = run(name, p)
-            res[name][0] += r.num_tokens
-            res[name][1] += r.seconds
-            res[name][2] += r.nfe[0]
-            res[name][3].append(r.token_ids[0])
-    draft_policy.best_draft_length = best_draft_length
-    for k, (n, s, f, t) in res.items():
-        print(f"{fmt} {which} {k}: {n / s:.1f} tokens/s, {n / f:.2f} tokens per forward, "
-              f"same tokens as NTP: {t == res['ntp'][3]}")
+    try:
+        take_turns({k: (lambda p, s=s: run(p, *s)) for k, s in settings.items()}, prompt_set(which), f"{fmt} {which}")
+    finally:
+        draft_policy.best_draft_length = best_draft_length
 
 
 if __name__ == "__main__":

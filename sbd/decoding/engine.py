@@ -242,6 +242,9 @@ class Engine:
         if self.step_cost is not None and decoding:  # from the forward to its one host read (a GPU sync)
             self.step_cost.add(width, time.perf_counter() - started,
                                masks=any(len(f.tokens) > f.n_commit for f in feeds))
+            # the rows about to pick their next drafts share this forward with n_rows - 1 others (a server's
+            # lone request, or a batch's last row, decodes alone: `best_draft_length` charges its restarts)
+            self.step_cost.rows = n_rows
         at, done = 1, []
         for i, (r, a) in enumerate(zip(rows, asks)):
             m = a.numel() if a is not None else 0

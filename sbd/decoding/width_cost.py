@@ -77,7 +77,7 @@ class StepCost:
         self._unsaved = 0
         self._since_plain = 0  # steps since the last one-token step
         self.plain = False  # rows, please feed no draft and no masks now: a one-token step to measure
-        self.rows = 1  # rows its steps decode at once (`forward_costs` sets its batch)
+        self.rows = 1  # rows its latest step decoded at once (`forward_costs` starts it at its batch; the engine keeps it)
         self._with_masks: StepCost | None = None  # steps that fed masks, timed apart (`masks`)
 
     def add(self, width: int, seconds: float, masks: bool = False) -> None:
