@@ -69,3 +69,18 @@ def test_forward_cost_reports_the_floor_of_the_weights_as_loaded(tmp_path):
         text = (out / "forward_cost.md").read_text()
         assert "| | | floor ms |" in text and "×floor" in text
     assert got["int8"] < got["float"] / 3
+
+
+def test_a_random_model_of_a_named_shape_takes_weights_too(tmp_path):
+    """`--shape NAME --weights int4` times the quantized forward (it once timed the float one, silently)."""
+    from sbd.cli.main import main
+
+    got = {}
+    for weights in ("float", "int4"):
+        out = tmp_path / weights
+        assert main(["forward-cost", "--shape", "tiny-gqa", "--weights", weights, "--widths", "1,2", "--cached", "8",
+                     "--repeats", "1", "--out", str(out), "--no-progress"]) == 0
+        data = json.loads((out / "forward_cost.json").read_text())
+        got[weights] = data["floor"]["weight_bytes"], data["meta"]["weights"]
+    assert got["float"][1] == "as loaded" and got["int4"][1] == "int4"
+    assert got["int4"][0] < got["float"][0] / 2

@@ -12,7 +12,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu" / "first_call.sh"
-STEPS = ["machine", "tests", "cost_8b", "cost_smollm2", "cost_compiled", "fixed_8b", "train_step", "demo_compiled"]
+STEPS = ["machine", "tests", "cost_8b", "cost_smollm2", "cost_compiled", "quant_kernels", "cost_int4", "fixed_8b",
+         "train_step", "demo_compiled"]
 
 
 def _run(tmp_path, timeout, **env):
@@ -39,9 +40,13 @@ def test_the_dry_run_runs_every_step_and_packs_every_result(tmp_path):
     with tarfile.open(out / "results.tgz") as tar:
         names = set(tar.getnames())
         assert {"./cost_8b/forward_cost.json", "./cost_smollm2/forward_cost.json", "./cost_compiled/forward_cost.json",
-                "./fixed_8b/bench.json",
+                "./quant_kernels/quant_kernels.json", "./cost_int4/forward_cost.json", "./fixed_8b/bench.json",
                 "./demo_compiled/bench.json", "./tests/summary.txt"} <= names, names
         cost = json.load(tar.extractfile("./cost_8b/forward_cost.json"))
+        int4 = json.load(tar.extractfile("./cost_int4/forward_cost.json"))
+        kernels = json.load(tar.extractfile("./quant_kernels/quant_kernels.json"))
         summary = tar.extractfile("./tests/summary.txt").read().decode()
     assert {row["attention"] for row in cost["rows"]} == {"auto", "rows", "dense"}
+    assert int4["meta"]["weights"] == "int4" and cost["meta"]["weights"] == "as loaded"
+    assert {row["format"] for row in kernels["rows"]} == {"bf16", "int8", "int4"}
     assert "exit 0" in summary and "passed" in summary, summary

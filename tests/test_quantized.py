@@ -2,7 +2,8 @@
 what their weights say, each row alone as in any batch, and sbd-verify gives exactly the tokens of sbd's NTP
 decoding of the same quantized weights, alone and batched, on a model whose logits nearly tie (no decisive
 output layer here: with float32 matrix products such a model's wide and one-token forwards pick different
-tokens now and then; the exact attention plan makes them bitwise equal)."""
+tokens now and then; the exact attention plan makes them bitwise equal). The layer and exactness tests run on
+the tiny models' device (SBD_TEST_DEVICE): on CUDA they say whether its kernels keep the same promise."""
 
 import pytest
 import torch
@@ -11,6 +12,8 @@ from torch import nn
 import sbd
 from sbd.errors import SBDError
 from sbd.models import quantized, tiny
+
+from conftest import DEVICE
 
 FORMATS = quantized.FORMATS
 
@@ -22,8 +25,10 @@ def test_a_quantized_layer_computes_its_weights_and_each_row_alone(fmt):
     with torch.no_grad():
         lin.weight.copy_(torch.randn(48, 128, generator=g) * 0.05)
         lin.bias.copy_(torch.randn(48, generator=g))
+    lin.to(DEVICE)
+    quantized.check_kernels(DEVICE)
     q = quantized.QuantizedLinear.from_linear(lin, fmt)
-    x = torch.randn(2, 17, 128, generator=g)
+    x = torch.randn(2, 17, 128, generator=g).to(DEVICE)
     want = lin(x)
     got = q(x)
     assert got.shape == want.shape and got.dtype == want.dtype
@@ -47,7 +52,7 @@ def _nearly_tied_model(seed: int = 3):
     cfg = tiny.tiny_config("llama", vocab_size=512, hidden=576, layers=2, heads=9, kv_heads=3, context=1024)
     model = tiny.random_model(cfg, seed=seed)
     model.config.sbd_mask_token_id = 511
-    return model
+    return model.to(DEVICE)
 
 
 def _looping_prompts(n: int, vocab: int, seed: int) -> list[list[int]]:

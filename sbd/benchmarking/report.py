@@ -122,7 +122,8 @@ def forward_cost_markdown(rows, meta: dict, predicted=None, floor=None) -> str:
     lines = ["# Forward cost: time(w) / time(1)", ""]
     if meta.get("command"):
         lines += [f"Command: `{meta['command']}`", ""]
-    lines += [(f"Model {meta['model']} ({meta['parameters'] / 1e6:.1f}M parameters, {meta['dtype']}) on "
+    weights = f", {meta['weights']} linear layers" if meta.get("weights", "as loaded") != "as loaded" else ""
+    lines += [(f"Model {meta['model']} ({meta['parameters'] / 1e6:.1f}M parameters, {meta['dtype']}{weights}) on "
                f"{meta['device']}, torch {meta['torch']}, {meta['threads']} threads; median of {meta['repeats']} "
                "rounds after warm-up, widths interleaved. w > 1: a block of w masks; w = 1: an NTP step."), ""]
     if predicted is not None:

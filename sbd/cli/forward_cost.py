@@ -99,8 +99,11 @@ def cmd_forward_cost(args) -> dict:
         per_weight = floor.weight_bytes / shape.weight_count
         predicted = (hw, replace(shape, weight_bytes=per_weight, act_bytes=size))
     command = shlex.join(["sbd", *sys.argv[1:]]) if sys.argv[1:2] == ["forward-cost"] else None
-    meta = {"model": name, "parameters": sum(p.numel() for p in model.parameters()),
-            "dtype": str(model.dtype).replace("torch.", ""), "device": _device_name(model), "torch": torch.__version__,
+    from ..models.quantized import QuantizedLinear, weights_format
+
+    quantized_weights = sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, QuantizedLinear))
+    meta = {"model": name, "parameters": sum(p.numel() for p in model.parameters()) + quantized_weights,
+            "weights": weights_format(model) or "as loaded", "dtype": str(model.dtype).replace("torch.", ""), "device": _device_name(model), "torch": torch.__version__,
             "threads": torch.get_num_threads(), "repeats": args.repeats, "command": command,
             "narrow_linear": uses_narrow_linear(model)}
     paths, text = write_forward_cost(rows, args.out, meta, predicted, floor)

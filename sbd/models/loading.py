@@ -151,7 +151,7 @@ def load(path, *, adapter=None, device: str | None = None, dtype: torch.dtype | 
     sampler_head: attach the sampler head saved in the adapter's folder, if it holds one
     (`sbd.drafters.sampler_head`: sbd-verify's drafts then see each other); False leaves it off (drafts as the
     masks alone make them). Either way the output of sbd-verify is the model's own.
-    weights="int8" / "int4": the linear layers quantized, weight-only, on torch's CPU kernels
+    weights="int8" / "int4": the linear layers quantized, weight-only, on torch's CPU or CUDA kernels
     (`sbd.models.quantized`: int8 per output row, int4 in groups of 32; the output layer int8; the drafter,
     activations and KV cache stay float): a batch-1 forward reads a quarter to a sixth of float32's bytes,
     and sbd-verify stays exactly NTP's tokens of these weights (attention per committed token).
@@ -166,6 +166,7 @@ def load(path, *, adapter=None, device: str | None = None, dtype: torch.dtype | 
     from ..drafters import sampler_head as heads
     from . import narrow_linear as narrow
 
+    from .quantized import DEVICES as QUANT_DEVICES
     from .quantized import FORMATS, quantize
 
     if weights is None:  # the natural spelling of "not quantized": the weights as stored, never the meta model
@@ -177,8 +178,8 @@ def load(path, *, adapter=None, device: str | None = None, dtype: torch.dtype | 
         raise SBDError(f"weights={weights!r}: give True (as stored), False (shape only) or a quantized format: "
                        f"{', '.join(FORMATS)}")
     device = check_device(device or "cpu")
-    if isinstance(weights, str) and device != "cpu":
-        raise SBDError(f"weights={weights!r} runs on a CPU only so far (device {device!r})")
+    if isinstance(weights, str) and torch.device(device).type not in QUANT_DEVICES:
+        raise SBDError(f"weights={weights!r} runs on {' and '.join(QUANT_DEVICES)} only (device {device!r})")
     path, adapter = resolve_paths(path, adapter)
     _check_model_dir(path)
     device = device or "cpu"

@@ -1,4 +1,5 @@
-"""Weight-only quantized linear layers on PyTorch's own CPU kernels: int8 per output channel, int4 in groups.
+"""Weight-only quantized linear layers on PyTorch's own kernels (CPU, and CUDA's): int8 per output channel, int4 in
+groups.
 
 Why: at batch 1 a forward reads every weight once, so its time follows the weights' bytes. SmolLM2-135M in
 float32 reads 538 MB per forward; with int4 layers and an int8 output layer 95 MB. On a 2-core EPYC a
@@ -8,8 +9,10 @@ over the same kernel, and its int8 path reconverts the weight on every eager cal
 
 How: `torch._weight_int8pack_mm` (int8 weight [N, K], one scale per output row) and
 `torch._weight_int4pack_mm_for_cpu` (4-bit values q in groups of 32 along K, w = (q - 8)·scale + zero per
-group and row). Both are private ops of torch: `check_kernels` runs each once on a small product before a
-model is quantized, so a torch without them is refused in one line rather than failing mid-decoding.
+group and row). On CUDA the same formats run on `torch._weight_int4pack_mm` (the "tinygemm" kernel, same
+w = (q - 8)·scale + zero, its own packing) and CUDA's `torch._weight_int8pack_mm`. All are private ops of
+torch: `check_kernels` runs each once on a small product on the model's device before a model is
+quantized, so a torch without them is refused in one line rather than failing mid-decoding.
 Activations enter in bfloat16 (the kernels' fast path; float32 activations take a scalar loop 20-50x
 slower) and the output is widened back to the model's dtype; everything outside the linear layers
 stays as loaded.
@@ -18,8 +21,9 @@ Exactness: both kernels are row-invariant, i.e. row i of a many-row product is b
 of row i alone. With attention computed per committed token (the "exact" plan of
 `sbd.decoding.attention`), a verifying forward's committed positions are then bitwise the one-token
 forwards of NTP decoding, so sbd-verify gives NTP's tokens of the same weights even where two tokens
-nearly tie (tests/test_quantized.py). Float32 matrix products are not row-invariant; there, equal tokens
-rest on the rounding being far smaller than the logits' gaps.
+nearly tie (tests/test_quantized.py, on CPU; on CUDA the same tests say whether its kernels are too). Float32
+matrix products are not row-invariant; there, equal tokens rest on the rounding being far smaller than the
+logits' gaps.
 
 int4 needs the output size to be a multiple of 16 and the input size of the group; a layer that is not
 (e.g. an output layer of 49,153 rows) takes int8. The output layer is always int8: its rows are the
@@ -34,8 +38,10 @@ from torch import nn
 from ..errors import SBDError
 
 FORMATS = ("int8", "int4")
+DEVICES = ("cpu", "cuda")  # where torch has weight-only kernels for both formats
 GROUP = 32  # int4 values per scale (a GGUF Q4_1 block holds 32)
 INT4_ROWS = 16  # the int4 kernel packs output rows by 16
+CUDA_K_TILES = (8, 4, 2)  # tinygemm's inner k tiles (16 input columns each), largest that divides the input first
 
 
 class QuantizedLinear(nn.Module):
@@ -50,7 +56,7 @@ class QuantizedLinear(nn.Module):
     def from_linear(cls, linear: nn.Linear, fmt: str, group: int = GROUP) -> "QuantizedLinear":
         w = linear.weight.detach().float()
         n, k = w.shape
-        if fmt == "int4" and (n % INT4_ROWS or k % group):
+        if fmt == "int4" and (n % INT4_ROWS or k % group or (w.is_cuda and k % (16 * CUDA_K_TILES[-1]))):
             fmt = "int8"
         q = cls(k, n, fmt, group)
         if fmt == "int8":
@@ -62,7 +68,7 @@ class QuantizedLinear(nn.Module):
             lo, hi = g.amin(-1), g.amax(-1)
             scale = ((hi - lo) / 15).clamp_min(torch.finfo(torch.float32).tiny)
             values = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32)
-            q.register_buffer("qweight", torch._convert_weight_to_int4pack_for_cpu(values.reshape(n, k), 1))
+            q.register_buffer("qweight", _pack_int4(values.reshape(n, k)))
             # w = (q - 8)·scale + zero with zero = lo + 8·scale: (K/group, N, 2)
             q.register_buffer("scale_zero", torch.stack([scale, lo + 8 * scale], -1).transpose(0, 1)
                               .contiguous().to(torch.bfloat16))
@@ -88,7 +94,8 @@ class QuantizedLinear(nn.Module):
             qweight, scales = self.qweight, self.scales
             return lambda flat: torch._weight_int8pack_mm(flat, qweight, scales)
         qweight, group, scale_zero = self.qweight, self.group, self.scale_zero
-        return lambda flat: torch._weight_int4pack_mm_for_cpu(flat, qweight, group, scale_zero)
+        mm = torch._weight_int4pack_mm if qweight.is_cuda else torch._weight_int4pack_mm_for_cpu
+        return lambda flat: mm(flat, qweight, group, scale_zero)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.product(x.reshape(-1, self.in_features).to(torch.bfloat16)).to(x.dtype)
@@ -101,39 +108,62 @@ class QuantizedLinear(nn.Module):
             f", group={self.group}" if self.fmt == "int4" else "")
 
 
-def check_kernels() -> None:
-    """SBDError in one line when this torch lacks the CPU kernels (private ops) or they compute wrong."""
+def _pack_int4(values: torch.Tensor) -> torch.Tensor:
+    """int4 values (int32 [N, K], 0..15) in the layout of the device's kernel: the CPU's from int32, CUDA's
+    tinygemm from two values per byte with the widest inner k tiles that fit. Which column of a pair takes the
+    high nibble is not documented: `check_kernels` finds it on the device (`_CUDA_NIBBLES`) before any model
+    is packed."""
+    if not values.is_cuda:
+        return torch._convert_weight_to_int4pack_for_cpu(values, 1)
+    k = values.shape[1]
+    tiles = next(t for t in CUDA_K_TILES if k % (16 * t) == 0)
+    high, low = (values[:, ::2], values[:, 1::2]) if _CUDA_NIBBLES[0] == "even high" else (values[:, 1::2], values[:, ::2])
+    return torch._convert_weight_to_int4pack((high << 4 | low).to(torch.uint8), tiles)
+
+
+_CUDA_NIBBLES = ["even high"]  # or "odd high": set by check_kernels on a CUDA device
+
+
+def check_kernels(device: torch.device | str = "cpu") -> None:
+    """SBDError in one line when this torch lacks the kernels (private ops) on `device` or they compute wrong."""
+    device = torch.device(device)
     try:
         # weights on the int4 grid (every group spans its 16 levels, steps of 1/16): int4 holds them exactly
         # and int8 within half a step, so a right kernel is off by rounding only and a wrong one by far more
         seeded = torch.Generator().manual_seed(0)
-        x = torch.randn(2, 64, generator=seeded)
-        levels = torch.randint(0, 16, (16, 64), generator=seeded)
+        x = torch.randn(2, 128, generator=seeded).to(device)
+        levels = torch.randint(0, 16, (16, 128), generator=seeded)
         levels[:, ::GROUP], levels[:, 1::GROUP] = 0, 15
-        lin = nn.Linear(64, 16, bias=False)
+        lin = nn.Linear(128, 16, bias=False, device=device)
         with torch.no_grad():
             lin.weight.copy_((levels - 8).float() / 16)
         want = x @ lin.weight.t()
-        for fmt in FORMATS:
+        def off(fmt):
             got = QuantizedLinear.from_linear(lin, fmt)(x)
-            if (got - want).norm() > 0.02 * want.norm():
-                raise RuntimeError(f"{fmt} products are off by {(got - want).abs().max():.3g}")
+            return (got - want).abs().max() if (got - want).norm() > 0.02 * want.norm() else None
+
+        for fmt in FORMATS:
+            if off(fmt) is not None and fmt == "int4" and device.type == "cuda":
+                _CUDA_NIBBLES[0] = {"even high": "odd high", "odd high": "even high"}[_CUDA_NIBBLES[0]]
+            err = off(fmt)
+            if err is not None:
+                raise RuntimeError(f"{fmt} products are off by {err:.3g}")
     except (AttributeError, RuntimeError, NotImplementedError) as err:
-        raise SBDError(f"quantized weights need torch's weight-only int8/int4 CPU kernels, which torch "
-                       f"{torch.__version__} does not run here ({str(err).splitlines()[0][:120]}); load the model "
+        raise SBDError(f"quantized weights need torch's weight-only int8/int4 {device.type.upper()} kernels, which "
+                       f"torch {torch.__version__} does not run here ({str(err).splitlines()[0][:120]}); load the model "
                        f"without weights=\"int8\"/\"int4\"") from None
 
 
 def quantize(model, fmt: str, group: int = GROUP) -> dict[str, str]:
     """Replace `model`'s linear layers (the output layer with int8; a drafter's stay float) in place by
     quantized ones; returns {layer name: format}. Forward hooks on a layer (a drafting adapter's) stay attached: each module keeps
-    its identity and takes the quantized class. CPU only: CUDA has its own kernels for these formats."""
+    its identity and takes the quantized class. On a CPU or a CUDA GPU (torch's kernels for each)."""
     if fmt not in FORMATS:
         raise SBDError(f"weights={fmt!r}: quantized formats are {', '.join(FORMATS)}")
     device = model.get_input_embeddings().weight.device
-    if device.type != "cpu":
-        raise SBDError(f"weights={fmt!r} runs on a CPU only so far (the model is on {device.type})")
-    check_kernels()
+    if device.type not in DEVICES:
+        raise SBDError(f"weights={fmt!r} runs on {' and '.join(DEVICES)} only (the model is on {device.type})")
+    check_kernels(device)
     head = model.get_output_embeddings()
     done = {}
     for name, module in _base_linears(model):
