@@ -123,6 +123,23 @@ def test_two_pass_training_forward_equals_the_doubled_forward(arch, tokenizer):
     assert any(g.abs().max() > 0 for g in fast)  # the test can fail: the gradients are not all zero
 
 
+def test_two_pass_forward_on_modeling_code_without_2d_logits_to_keep(tokenizer):
+    """transformers 5.17's models index `hidden_states[:, keep, :]` (IndexError on a 2-D `keep`, seen on a GPU
+    machine): a model class whose module lacks the slicing helper gets full logits, and the same rows."""
+    model, _ = trainable_adapted("llama", tokenizer, seed=3)
+    batch, labels, n, source = _doubled_batch(tokenizer)
+    with torch.no_grad():
+        want = adapter_logits(model, batch, labels, n, source, with_hidden=True)
+        cls = type(model)
+        model.__class__ = type("OlderLlama", (cls,), {"__module__": "older_transformers_modeling"})
+        try:
+            got = adapter_logits(model, batch, labels, n, source, with_hidden=True)
+        finally:
+            model.__class__ = cls
+    torch.testing.assert_close(got.logits, want.logits)
+    torch.testing.assert_close(got.hidden, want.hidden)
+
+
 @pytest.mark.parametrize("rows", [1, 3])
 @pytest.mark.parametrize("start", [0, 3, "per-row"])
 def test_decoding_fast_paths_compute_the_training_paths_update(llama, rows, start):

@@ -16,6 +16,7 @@ from sbd.models import quantized, tiny
 from conftest import DEVICE
 
 FORMATS = quantized.FORMATS
+MODEL_FORMATS = ("int4",) if DEVICE.type == "cuda" else FORMATS  # CUDA refuses int8 (its kernel is slow)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -98,7 +99,7 @@ def _compare(model, prompts, **kw) -> tuple[int, int, bool]:
 KW = dict(max_new_tokens=40, eos_token_ids=[])
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", MODEL_FORMATS)
 def test_sbd_verify_computes_ntps_logits_bit_for_bit_and_gives_its_tokens_alone_and_batched(fmt):
     model = _nearly_tied_model()
     quantized.quantize(model, fmt)
@@ -121,11 +122,19 @@ def test_without_the_exact_plan_the_logits_differ(monkeypatch):
 
     monkeypatch.setattr(forward, "row_invariant", lambda model: False)
     model = _nearly_tied_model()
-    quantized.quantize(model, "int8")
+    quantized.quantize(model, MODEL_FORMATS[0])
     compared, wide, equal = _compare(model, _looping_prompts(3, 512, seed=7), **KW)
     assert wide >= 20
     if equal:  # kernels that happen to be row-invariant for these shapes: nothing to show on this machine
         pytest.skip("this machine's attention kernels gave the wide and one-token forwards the same bits")
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA's kernels: runs where SBD_TEST_DEVICE=cuda")
+def test_cuda_refuses_int8_whose_kernel_is_slower_than_bfloat16():
+    model = _nearly_tied_model()
+    with pytest.raises(SBDError, match="int8.*slower than bfloat16"):
+        quantized.quantize(model, "int8")
+    assert quantized.weights_format(model) is None
 
 
 def test_load_takes_a_quantized_format_and_refuses_others():
@@ -195,7 +204,7 @@ def test_quantized_weights_without_the_exact_attention_are_refused_not_decoded_i
     from sbd.decoding.engine import Engine
 
     model = _nearly_tied_model()
-    quantized.quantize(model, "int8")
+    quantized.quantize(model, MODEL_FORMATS[0])
     if how == "eager attention":
         model.config._attn_implementation = "eager"
         with pytest.raises(SBDError, match="exact attention.*'eager'"):

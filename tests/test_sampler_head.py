@@ -401,8 +401,9 @@ def head_training_forward(model, tok, k):
     from sbd.training.head_loss import head_batch
 
     clean, batch, prev, src = _batch(model, tok, k)
-    n, labels = batch["num_clean"], batch["labels"]
-    inputs = {key: batch[key] for key in ("input_ids", "position_ids", "attention_mask")}
+    n, labels = batch["num_clean"], batch["labels"].to(model.device)
+    inputs = {key: batch[key].to(model.device) for key in ("input_ids", "position_ids", "attention_mask")}
+    prev = prev.to(model.device)
     with torch.no_grad():
         out = adapter_logits(model, inputs, labels, n, with_hidden=True)
         logits, target, use = head_batch(model, out, labels, n, prev)

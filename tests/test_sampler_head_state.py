@@ -89,7 +89,9 @@ def test_a_head_that_gains_a_state_drafts_as_before():
             after = head_drafts.draft_table(head, model, hidden, logits, first, probs=True).tolist()
         chain, p = head_drafts.walk(before, 7, probs=True)
         assert head_drafts.walk(after, 7, probs=True)[0] == chain
-        assert head_drafts.walk(after, 7, probs=True)[1] == pytest.approx(p, abs=1e-6)
+        # a zero state adds a zero term; CUDA's float32 products of another shape round differently (~1e-5)
+        assert head_drafts.walk(after, 7, probs=True)[1] == pytest.approx(p, abs=1e-6 if model.device.type == "cpu"
+                                                                           else 1e-4)
         assert heads.add_state(model) is head  # a head that has one keeps it
     finally:
         heads.detach(model)

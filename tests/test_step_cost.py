@@ -93,7 +93,7 @@ def test_the_kept_estimate_is_the_next_process_prior_averaged_over_runs(llama, m
     fresh()
     cost = width_cost.forward_costs(llama, batch=3)
     assert width_cost.forward_costs(llama, batch=3) is cost  # one per model and batch in a process
-    assert cost(4) == pytest.approx(1 + width_cost.DEFAULT_SLOPE["cpu"] * 3)  # nothing kept: the default line
+    assert cost(4) == pytest.approx(1 + width_cost.DEFAULT_SLOPE[llama.device.type] * 3)  # nothing kept: the default line
     for _ in range(3):
         cost.add(1, 0.01), cost.add(4, 0.03)
     cost.save()
@@ -109,4 +109,4 @@ def test_the_kept_estimate_is_the_next_process_prior_averaged_over_runs(llama, m
     path = next(tmp_path.glob("*-b3.json"))
     path.write_text("{torn")
     fresh()
-    assert width_cost.forward_costs(llama, batch=3)(4) == pytest.approx(1 + width_cost.DEFAULT_SLOPE["cpu"] * 3)
+    assert width_cost.forward_costs(llama, batch=3)(4) == pytest.approx(1 + width_cost.DEFAULT_SLOPE[llama.device.type] * 3)

@@ -66,3 +66,7 @@ def test_bench_names_near_ties_and_still_flags_other_differences(monkeypatch):
         assert (row.same_as_greedy, row.near_ties) == (1, ties_seen)
         line = next(l for l in bench_markdown(result).splitlines() if l.startswith(f"| {row.method} |"))
         assert ("(+1 near tie)" in line, "✗" in line) == ((True, False) if ties_seen else (False, True))
+
+
+def test_the_tie_gap_follows_the_precision_the_model_computes_in():
+    assert ties.tie_gap(torch.float32) == ties.TIE_GAP < ties.tie_gap(torch.float16) < ties.tie_gap(torch.bfloat16)

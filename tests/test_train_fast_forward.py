@@ -114,3 +114,18 @@ def test_labelled_logits_refuse_a_model_without_logits_to_keep():
     labels, num_clean, batch = _batch("sbd", False)
     logits = attention.training_logits(model, batch, labels, num_clean)
     assert logits.shape == labels.shape + (97,)                  # full logits: the explicit fallback
+
+
+def test_modeling_code_without_2d_logits_to_keep_gets_full_logits():
+    """transformers 5.17's Llama takes `logits_to_keep` but indexes `hidden_states[:, keep, :]` (an int or
+    1-D positions only): seen on a GPU machine as an IndexError deep inside the model. A model class whose
+    module lacks the slicing helper gets full logits, and the same loss terms."""
+    labels, num_clean, batch = _batch("sbd", False)
+    model = _model("llama")
+    with torch.no_grad():
+        fast = attention.training_logits(model, batch, labels, num_clean)
+        model.__class__ = type("OlderLlama", (type(model),), {"__module__": "older_transformers_modeling"})
+        assert not attention.supports_labelled_logits(model)
+        full = attention.training_logits(model, batch, labels, num_clean)
+    assert full.shape == labels.shape + (fast.shape[-1],)
+    torch.testing.assert_close(full[labels != -100], fast)

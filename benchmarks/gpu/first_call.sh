@@ -48,16 +48,20 @@ if [ "$QUICK" = 1 ]; then  # the dry run: every step, tiny sizes, on the CPU
     COMPILE=()  # inductor's CPU compile takes minutes on 2 cores: the dry run checks the eager rows
     DTYPE=float32 HW=()
 else
-    L_MACHINE=15 L_TESTS=130 L_COST8=75 L_COSTS=35 L_COSTC=55 L_QK=25 L_INT4=50 L_FIXED=65 L_TRAIN=40 L_DEMO=70
-    JOBS=8
+    # sized from the H200 run of 2026-11-28 (benchmarks/results/gpu_h200_2026-11-28/steps.tsv): 16 test files at once
+    # finish in ~130 s (the slowest, test_static_shapes, alone); SmolLM2's compile needs more than 55 s
+    L_MACHINE=15 L_TESTS=140 L_COST8=75 L_COSTS=30 L_COSTC=70 L_QK=25 L_INT4=50 L_FIXED=50 L_TRAIN=40 L_DEMO=65
+    JOBS=16
     # the test files whose tests build tiny models on SBD_TEST_DEVICE (tests/conftest.py), most valuable first
-    mapfile -t TEST_FILES < <(grep -lE "DEVICE|def test_[a-z0-9_]+\((model|llama|arch)\b" tests/test_*.py)
+    # (not the GPU scripts' own dry runs, which run on the CPU)
+    mapfile -t TEST_FILES < <(grep -lE "DEVICE|def test_[a-z0-9_]+\((model|llama|arch)\b" tests/test_*.py \
+                              | grep -v "test_gpu_")
     TEST_K=""
     COST8=(--shape llama-3.1-8b --batch-size 1,16 --cached 4096,16384 --widths 1,2,8,16 --repeats 5)
-    COSTS=(--shape smollm2-135m --batch-size 1,16 --cached 256,2048 --widths 1,2,8,16 --repeats 10)
+    COSTS=(--shape smollm2-135m --batch-size 1,16 --cached 256,2048 --widths 1,2,8,16 --repeats 5)
     COSTC=(--shape smollm2-135m --batch-size 1 --cached 2048 --widths 1,16 --repeats 10)
     QK=(--repeats 20)
-    INT4=(--shape llama-3.1-8b --batch-size 1,16 --cached 4096 --widths 1,2,8,16 --repeats 5)
+    INT4=(--shape llama-3.1-8b --batch-size 1 --cached 4096 --widths 1,16 --repeats 5)
     FIXED=(--shape llama-3.1-8b --n 2 --prompt-tokens 256 --max-new-tokens 32 --batch-size 1 --repeats 1)
     TRAIN=(--seq-len 512 --batch 8 --hidden 512 --layers 8 --heads 8 --vocab 32000 --steps 8 --warmup 3 --no-memory)
     DEMO=(--n 2 --max-new-tokens 64)

@@ -28,7 +28,7 @@ from ..errors import SBDError
 from ..models.narrow_linear import linear_layers, uses_narrow_linear
 from ..modes import eval_mode
 from .forward_cost import Shape, _sync, time_forwards
-from .ties import near_ties
+from .ties import parting_gaps, tie_gap
 
 KINDS = ("hf", "prompt-lookup", "assisted", "ntp", "sbd", "sbd-verify", "sbd-verify-adaptive", "sbd-verify-lookup",
          "sbd-verify-adaptive-lookup", "sbd-verify-defaults", "sbd-fixed")
@@ -181,6 +181,7 @@ class BenchRow:
     lossless: bool
     accuracy: float | None = None
     near_ties: int = 0  # of the answers that differ, those parting from the reference at a near tie (ties.py)
+    parting_gaps: list | None = None  # lossless rows: the logit gap where each differing answer parts (ties.py)
     measured_vs_ntp: float | None = None  # our NTP loop's seconds / this row's seconds
     limit_seconds: float | None = None  # Σ over this row's forwards of the forward's time alone
     predicted_vs_ntp: float | None = None  # limit of our NTP loop / limit of this row (eq. 16)
@@ -391,8 +392,10 @@ def _rows(methods, b, runs, seconds, limits, examples, tokenizer, model, prompt_
             tokens_per_forward=n_tokens / nfe if nfe else None,
             same_as_greedy=sum(a == r for a, r in zip(run.tokens, reference)), n=len(reference),
             lossless=m.lossless, accuracy=acc,
-            near_ties=near_ties(model, prompt_ids, run.tokens, reference) if m.lossless else 0,
         )
+        if m.lossless:
+            row.parting_gaps = parting_gaps(model, prompt_ids, run.tokens, reference)
+            row.near_ties = sum(g is not None and g < tie_gap(model.dtype) for g in row.parting_gaps)
         if m.ours:
             row.measured_vs_ntp = med[ntp] / med[m]
         if m.ours and not m.compiled:

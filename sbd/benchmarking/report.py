@@ -26,8 +26,8 @@ def bench_markdown(result, command: str | None = None) -> str:
         ("Limit: the sum over a run's forwards of each forward's time measured alone (eq. 16 over the forwards "
          "actually made, prefill included); predicted = NTP loop's limit / the row's limit; share = measured / "
          "predicted speedup over our NTP loop. Near tie: an answer that parts from the greedy one where the "
-         "model's logits for the two tokens differ by less than float rounding can decide "
-         "(sbd/benchmarking/ties.py); ✗: a lossless row with any other difference."),
+         "model's logits for the two tokens differ by less than float rounding can decide (under 0.001 in "
+         "float32, 0.03 in float16, 0.25 in bfloat16: sbd/benchmarking/ties.py; bench.json lists each gap); ✗: a lossless row with any other difference."),
         "",
     ]
     has_acc = any(r.accuracy is not None for r in result.rows)

@@ -18,6 +18,16 @@ import torch
 # tokens moves logits by ~1e-5 (measured on SmolLM2: 1.3e-5 decided one answer); a decision worth
 # trusting is orders of magnitude wider.
 TIE_GAP = 1e-3
+# In 16-bit weights and activations every product and sum rounds to 8 (bfloat16) or 11 (float16) bits:
+# logits of magnitude ~10 move by a few hundredths per rounding, and two equally exact paths (different
+# attention kernels, one token or several per forward) part at gaps of that size. Random-weight models,
+# whose logits are nearly flat, part there often.
+HALF_GAPS = {torch.bfloat16: 0.25, torch.float16: 0.03}
+
+
+def tie_gap(dtype: torch.dtype) -> float:
+    """The gap under which two tokens count as tied for a model computing in `dtype`."""
+    return HALF_GAPS.get(dtype, TIE_GAP)
 
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -44,13 +54,15 @@ def parting_gap(model, prompt: Sequence[int], reference: Sequence[int], other: S
     return abs(float(logits[reference[at]] - logits[other[at]]))
 
 
+def parting_gaps(model, prompts: Sequence[Sequence[int]], answers: Sequence[Sequence[int]],
+                 references: Sequence[Sequence[int]]) -> list[float | None]:
+    """`parting_gap` of each answer that differs from its reference (None where it stops early)."""
+    return [parting_gap(model, p, ref, a) for p, a, ref in zip(prompts, answers, references) if a != ref]
+
+
 def near_ties(model, prompts: Sequence[Sequence[int]], answers: Sequence[Sequence[int]],
               references: Sequence[Sequence[int]], gap: float | None = None) -> int:
     """How many answers differ from their reference only from a near tie on (parting gap < `gap`,
-    default `TIE_GAP`)."""
-    gap = TIE_GAP if gap is None else gap
-    count = 0
-    for prompt, answer, ref in zip(prompts, answers, references):
-        g = parting_gap(model, prompt, ref, answer) if answer != ref else None
-        count += g is not None and g < gap
-    return count
+    default `tie_gap` of the model's dtype)."""
+    gap = tie_gap(model.dtype) if gap is None else gap
+    return sum(g is not None and g < gap for g in parting_gaps(model, prompts, answers, references))

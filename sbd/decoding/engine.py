@@ -143,6 +143,7 @@ class Engine:
                            f"{self.trash} (max_width): lower block_size or lookup_max")
         if row in self._rows:
             raise SBDError("this row is already in the engine")
+        row.draw_on(self.device)
         self._rows.append(row)
         self._lengths.append(0)
 

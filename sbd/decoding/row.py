@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import torch
 
+from ..errors import SBDError
 from .processing import bias_vector, processed, read_logprobs
 
 if TYPE_CHECKING:
@@ -29,9 +30,11 @@ class Row:
         self.tokenizer = tokenizer
         self.temperature = float(spec.temperature)
         self.gen = None
+        self.seed = None
         if self.temperature > 0:
+            self.seed = seed if seed is not None else torch.seed()
             self.gen = torch.Generator(device=device or "cpu")
-            self.gen.manual_seed(seed if seed is not None else torch.seed())
+            self.gen.manual_seed(self.seed)
         self.out: list[int] = []  # generated tokens, final
         self.steps: list[int] = []  # the forward (1-based) that produced each token
         self.accepted: list[int] = []  # sbd-verify: draft tokens kept at each verifying forward
@@ -85,6 +88,16 @@ class Row:
     @property
     def needs(self) -> int:
         return len(self.prompt) + self.max_new + self.needs_extra
+
+    def draw_on(self, device: torch.device) -> None:
+        """Sampled rows draw on the device their logits are on: a row made without `device` (the CPU's
+        generator) gets its seed's generator there when it joins an engine, before its first draw."""
+        if self.gen is not None and self.gen.device.type != torch.device(device).type:
+            if self.nfe:
+                raise SBDError(f"this row has drawn on {self.gen.device.type} already; it cannot join an engine on "
+                               f"{torch.device(device).type}")
+            self.gen = torch.Generator(device=device)
+            self.gen.manual_seed(self.seed)
 
     def final_tokens(self) -> list[int]:
         """Tokens that can no longer change (for streaming)."""

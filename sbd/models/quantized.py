@@ -163,6 +163,10 @@ def quantize(model, fmt: str, group: int = GROUP) -> dict[str, str]:
     device = model.get_input_embeddings().weight.device
     if device.type not in DEVICES:
         raise SBDError(f"weights={fmt!r} runs on {' and '.join(DEVICES)} only (the model is on {device.type})")
+    if device.type == "cuda" and fmt == "int8":  # a slow path must not be a silent one
+        raise SBDError("weights='int8' on CUDA: torch's int8 weight-only kernel ran 2.8-9x slower than bfloat16 "
+                       "per layer on an H200 (benchmarks/results/gpu_h200_2026-11-28); use weights='int4' or the "
+                       "bfloat16 weights")
     check_kernels(device)
     head = model.get_output_embeddings()
     done = {}

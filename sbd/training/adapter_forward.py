@@ -36,6 +36,7 @@ from ..drafters.adapter import adapter_of, gated
 from ..errors import SBDError
 from ..models.cache_arg import with_cache
 from ..drafters.sampler_head import capture_output_input
+from .attention import supports_labelled_logits
 from .collator import IGNORE
 
 
@@ -145,16 +146,22 @@ def adapter_logits(model, inputs: dict, labels: torch.Tensor, num_clean: int,
     capture = capture_output_input(model) if with_hidden else contextlib.nullcontext()
     with gated(model, 0), grad_from_layer(model, grad_layer), capture as box:
         logits = model(input_ids=ids[:, n:], position_ids=pos[:, n:], attention_mask=noisy_mask,
-                       **with_cache(model, cache), use_cache=True, logits_to_keep=keep).logits
+                       **with_cache(model, cache), use_cache=True,
+                       logits_to_keep=keep if supports_labelled_logits(model) else 0).logits
     hidden = _labelled_rows(box[0], keep, n) if with_hidden else None
     return AdapterOutputs(_labelled_rows(logits, keep, n), base_logits, kl_valid, hidden,
                           prev if base_hidden else None)
 
 
 def _labelled_rows(x: torch.Tensor, keep: torch.Tensor, n: int) -> torch.Tensor:
-    """(N, ·) rows of the labelled positions, whether the model sliced with `logits_to_keep` or not."""
+    """(N, ·) rows of the labelled positions, whether the model sliced with `logits_to_keep` or not: x is
+    (N, ·) or (1, N, ·) sliced, (B, M, ·) over the M noisy positions, or (B, n + M, ·) over all."""
     if x.dim() == 3:
-        return x[0] if x.shape[0] == 1 and x.shape[1] == int(keep.sum()) else x[:, n:][keep]
+        if x.shape[1] == keep.shape[1]:
+            return x[keep]
+        if x.shape[1] == keep.shape[1] + n:
+            return x[:, n:][keep]
+        return x[0]
     return x
 
 

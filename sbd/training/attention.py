@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import sys
 
 import torch
 
@@ -111,12 +112,16 @@ def split_attention(model, enabled: bool = True):
 
 
 def supports_labelled_logits(model) -> bool:
-    """Whether the model's forward takes `logits_to_keep` (transformers slices hidden states with it)."""
+    """Whether the model's forward takes a 2-D `logits_to_keep` (per-row positions or a boolean mask). Only
+    modeling code that slices with transformers' `slice_logits_to_keep` does: older releases (5.17, say)
+    index `hidden_states[:, keep, :]`, which takes an int or 1-D positions only and fails deep inside the
+    model on a 2-D tensor. Others get full logits, gathered here."""
     inner = _unwrap(model)
     try:
-        return "logits_to_keep" in inspect.signature(inner.forward).parameters
+        takes = "logits_to_keep" in inspect.signature(inner.forward).parameters
     except (TypeError, ValueError):
         return False
+    return takes and getattr(sys.modules.get(type(inner).__module__), "slice_logits_to_keep", None) is not None
 
 
 def labelled_rows(labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
