@@ -71,6 +71,20 @@ def test_the_adapter_record_wins_over_the_config_and_each_lever_switches_off():
     assert s.tree is None
 
 
+def test_a_recorded_priced_first_draft_reaches_the_draft_options_unless_the_caller_gives_its_own():
+    from sbd.decoding.draft_policy import DraftOptions
+
+    model = fresh(record={"draft": "adaptive", "first_draft": "priced"})
+    assert model_defaults(model).price_first_draft
+    assert DecodeSpec.resolve(model, method="sbd-verify").draft_options.price_first_draft
+    given = DraftOptions(price_first_draft=False)
+    assert DecodeSpec.resolve(model, method="sbd-verify", draft_options=given).draft_options is given
+    assert not DecodeSpec.resolve(fresh(record={"draft": "adaptive"}), method="sbd-verify").draft_options.price_first_draft
+    got, settings = run(model)
+    assert "first draft priced" in settings.describe()
+    assert got == run(model, draft="adaptive", draft_options=DraftOptions(price_first_draft=True))[0]
+
+
 def test_sampling_and_other_methods_take_the_plain_settings():
     model = fresh(record={"draft": "adaptive", "lookup": True, "tree": [2]})
     r = sbd.generate(model, None, [PROMPT], method="sbd-verify", max_new_tokens=8, temperature=0.8, seed=1)
@@ -89,6 +103,7 @@ def test_sampling_and_other_methods_take_the_plain_settings():
     ({"lookup_max": 0}, "lookup_max"),
     ({"tree": [0]}, "tree"),
     ({"speed": 3}, "unknown decoding default"),
+    ({"first_draft": "half"}, "default first_draft"),
     ("adaptive", "not a JSON object"),
 ])
 def test_a_bad_record_is_one_line_naming_where(record, words):
@@ -196,7 +211,8 @@ def test_lm_eval_model_takes_the_defaults_and_its_own_switches(tokenizer):
     model = fresh(record={"lookup": True, "tree": [2]})
     lm = SBDLM(pretrained=model, tokenizer=tokenizer, method="sbd-verify", device="cpu")
     assert lm.block_size == 4  # the adapter's trained size
-    assert lm.stats()["drafting"] == {"draft": "block", "lookup": True, "lookup_max": 16, "tree": [2]}
+    assert lm.stats()["drafting"] == {"draft": "block", "lookup": True, "lookup_max": 16, "tree": [2],
+                                      "first_draft": "block"}
     lm = SBDLM(pretrained=model, tokenizer=tokenizer, method="sbd-verify", device="cpu", lookup="false", tree="3:2")
     assert lm.settings == VerifySettings("block", False, 16, (3, 2))
     with pytest.raises(SBDError, match="true or false"):

@@ -59,7 +59,8 @@ def print_stats(stats: dict) -> None:
         read.append(f"block {stats['block_size']}")
     if stats.get("drafting"):
         d = stats["drafting"]
-        read.append(VerifySettings(d["draft"], d["lookup"], d["lookup_max"], tuple(d["tree"] or ()) or None).describe())
+        read.append(VerifySettings(d["draft"], d["lookup"], d["lookup_max"], tuple(d["tree"] or ()) or None,
+                                   price_first_draft=d.get("first_draft") == "priced").describe())
     print(f"\nsbd decoding ({', '.join(read)}, batch {stats['batch_size']}, {stats['device']} {stats['dtype']}):")
     print("| task | requests | tokens | NFE | tokens/forward | NFE/request | seconds | tokens/s |")
     print("|---|---|---|---|---|---|---|---|")

@@ -9,8 +9,10 @@ written from a benchmark whose command the model card gives. A model that record
 whole-block drafts, whose forwards do not depend on this machine's timings (adaptive widths do: they follow
 the measured cost of a wide forward), for a model whose drafting nobody has measured yet.
 
-Which settings have a default: `draft` ("block" or "adaptive"), `lookup`, `lookup_max` and `tree`; a
-fully fine-tuned model may also record its `block_size` (an adapter's is the size it was trained for).
+Which settings have a default: `draft` ("block" or "adaptive"), `lookup`, `lookup_max`, `tree` and, for
+adaptive drafts, `first_draft` ("block": a row's first draft is a whole block; "priced": priced on the prior
+like every later one); a fully fine-tuned model may also record its `block_size` (an adapter's is the size
+it was trained for).
 Greedy only: with sampling (temperature > 0), or for methods other than sbd-verify, every left-out
 setting is the plain one (whole-block drafts, no lookup, a chain), which is what stays exact there.
 Every setting stays available to switch off: draft="block", lookup=False, tree="chain".
@@ -38,6 +40,10 @@ class VerifySettings:
     # whole-block drafts that step aside to plain next-token steps while the masks' drafts almost never
     # stand (`DraftOptions.fallback_alpha`): the default for masks that were never trained for drafting
     fallback: bool = False
+    # adaptive drafts: a row's first draft priced on the prior like every later one ("first_draft": "priced")
+    # rather than a whole block (`DraftOptions.price_first_draft`); worth it where answers are long enough
+    # for the record to form (SmolLM2's), not for a model whose short answers would never draft at all
+    price_first_draft: bool = False
 
     def describe(self) -> str:
         """One line for tables and logs, e.g. "adaptive drafts, lookup ≤ 16, tree 3,2"."""
@@ -46,11 +52,14 @@ class VerifySettings:
         parts.append("tree " + ",".join(map(str, self.tree)) if self.tree else "chain")
         if self.fallback:
             parts.append("plain steps while drafts fail")
+        if self.price_first_draft and self.draft == "adaptive":
+            parts.append("first draft priced")
         return ", ".join(parts)
 
     def as_dict(self) -> dict:
         return {"draft": self.draft, "lookup": self.lookup, "lookup_max": self.lookup_max,
-                "tree": list(self.tree) if self.tree else None}
+                "tree": list(self.tree) if self.tree else None,
+                "first_draft": "priced" if self.price_first_draft else "block"}
 
 
 GENERAL = VerifySettings()  # a model that records no measured configuration
@@ -75,7 +84,7 @@ def from_record(record, where: str) -> VerifySettings:
     `where` when the record is not one."""
     if not isinstance(record, dict):
         raise SBDError(f"{where}: the recorded decoding defaults are not a JSON object")
-    unknown = set(record) - {"draft", "lookup", "lookup_max", "tree", "block_size", "measured"}
+    unknown = set(record) - {"draft", "lookup", "lookup_max", "tree", "block_size", "measured", "first_draft"}
     if unknown:
         raise SBDError(f"{where}: unknown decoding default(s) {', '.join(sorted(unknown))}")
     draft = record.get("draft", GENERAL.draft)
@@ -87,11 +96,15 @@ def from_record(record, where: str) -> VerifySettings:
         raise SBDError(f"{where}: the default lookup is true or false, got {lookup!r}")
     if not isinstance(lookup_max, int) or isinstance(lookup_max, bool) or lookup_max < 1:
         raise SBDError(f"{where}: the default lookup_max is an integer >= 1, got {lookup_max!r}")
+    first = record.get("first_draft", "block")
+    if first not in ("block", "priced"):
+        raise SBDError(f"{where}: the default first_draft is 'block' or 'priced', got {first!r}")
     try:
         tree = tree_setting(record.get("tree") or "chain")
     except SBDError as e:
         raise SBDError(f"{where}: {e}") from None
-    return VerifySettings(draft=draft, lookup=lookup, lookup_max=lookup_max, tree=tree)
+    return VerifySettings(draft=draft, lookup=lookup, lookup_max=lookup_max, tree=tree,
+                          price_first_draft=first == "priced")
 
 
 def model_defaults(model) -> VerifySettings:

@@ -123,7 +123,8 @@ class DecodeSpec:
         """sbd-verify's drafting settings (None for the other methods)."""
         if self.method != "sbd-verify":
             return None
-        return VerifySettings(self.draft, self.lookup, self.lookup_max, self.tree, self.fallback)
+        return VerifySettings(self.draft, self.lookup, self.lookup_max, self.tree, self.fallback,
+                              self.draft_options.price_first_draft)
 
     @property
     def eb_gamma(self) -> float | None:
@@ -203,7 +204,8 @@ class DecodeSpec:
                    fallback=verify and base.fallback and draft is None, anchor=g.get("anchor", False),
                    reveal_per_forward=g.get("reveal_per_forward"), static_shapes=bool(g.get("static_shapes")),
                    compile=bool(g.get("compile")), stop=tuple(g.get("stop", ())), processing=processing,
-                   draft_options=g.get("draft_options") or DraftOptions())
+                   draft_options=g.get("draft_options") or DraftOptions(
+                       price_first_draft=base.price_first_draft and chosen_draft == "adaptive"))
 
 
 FITS = "{method=sbd-verify} with greedy decoding ({temperature=0}) and {draft=block} or {draft=adaptive}"
