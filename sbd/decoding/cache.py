@@ -41,6 +41,7 @@ class SlotLayer(DynamicLayer):
         self.slots, self.capacity, self.trash, self.static = slots, capacity, trash, static
         self.lo = self.hi = self.visible = 0
         self.write_at: torch.Tensor | None = None
+        self.write_from: int | None = None  # all rows write columns write_from … (one length, no padding)
 
     def lazy_initialization(self, key_states, value_states) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -52,6 +53,11 @@ class SlotLayer(DynamicLayer):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         k, v = self._k[self.lo : self.hi], self._v[self.lo : self.hi]
+        if self.write_from is not None:  # the same positions as write_at, as one slice
+            width = key_states.shape[2]
+            k[:, :, self.write_from : self.write_from + width].copy_(key_states)
+            v[:, :, self.write_from : self.write_from + width].copy_(value_states)
+            return k[:, :, : self.visible], v[:, :, : self.visible]
         at = self.write_at[:, None, :, None]
         k.scatter_(2, at.expand_as(key_states), key_states)
         v.scatter_(2, at.expand(-1, value_states.shape[1], -1, value_states.shape[-1]), value_states)

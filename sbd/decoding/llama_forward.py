@@ -129,8 +129,9 @@ class LlamaForward:
         for i, (norm1, norm2, hd, scaling, act, (q, k, v, o, gate_p, up, down)) in enumerate(self.layers):
             x = _rms_norm(norm1, h)
             xq, g = self._bf16(x, q), gate(x)
-            qs = self._linear(q, x, xq, g).view(B, W, -1, hd).transpose(1, 2)
-            ks = self._linear(k, x, xq, g).view(B, W, -1, hd).transpose(1, 2)
+            # a quantized layer's bfloat16 output widened once (the rotation's two products would each widen it)
+            qs = self._linear(q, x, xq, g).view(B, W, -1, hd).transpose(1, 2).to(h.dtype)
+            ks = self._linear(k, x, xq, g).view(B, W, -1, hd).transpose(1, 2).to(h.dtype)
             vs = self._linear(v, x, xq, g).view(B, W, -1, hd).transpose(1, 2).to(h.dtype)
             qs = qs * cos + qs.roll(half, -1) * sin
             ks = ks * cos + ks.roll(half, -1) * sin
