@@ -143,7 +143,8 @@ class Engine:
                            f"{self.trash} (max_width): lower block_size or lookup_max")
         if row in self._rows:
             raise SBDError("this row is already in the engine")
-        row.draw_on(self.device)
+        if hasattr(row, "draw_on"):  # a sampling row's generator goes where its logits are (`Row.draw_on`)
+            row.draw_on(self.device)
         self._rows.append(row)
         self._lengths.append(0)
 
