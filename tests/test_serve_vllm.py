@@ -501,7 +501,9 @@ def test_in_bfloat16_greedy_by_default_no_dtype_warnings_and_sigterm_ends_an_ope
     finally:
         proc.kill()
     text = log.read_text()
-    assert rc == 143 and took < 30, (rc, took, text[-2000:])
+    # vLLM gets GRACE_S (10 s) before it is killed; the rest is the processes' teardown, which once took 32 s
+    # on a 2-core CI machine busy with vLLM's own workers. A hang fails at the 60 s wait of _signal_and_wait.
+    assert rc == 143 and took < 50, (rc, took, text[-2000:])
     assert "Traceback" not in text, text[-3000:]
     _wait_for(done.is_set, 30, "the stream's end")  # ended by vLLM (an error event, then [DONE]) or cut
     chunks = [c for c in (json.loads(ln[6:]) for ln in lines if ln.startswith("data: {")) if c.get("choices")]
