@@ -78,8 +78,7 @@ def measure(device: torch.device, shapes: dict, repeats: int) -> list[dict]:
 def write(rows: list[dict], device: torch.device, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    meta = {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda,
-            "int4 nibbles (cuda)": quantized._CUDA_NIBBLES[0], "command": " ".join(sys.argv)}
+    meta = {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda, "command": " ".join(sys.argv)}
     (out / "quant_kernels.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     lines = [f"# Weight-only linear layers on {name}", "", f"torch {torch.__version__}, CUDA {torch.version.cuda}; "
              f"`{meta['command']}`; bf16 activations, median of the timed calls.", "",

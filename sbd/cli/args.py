@@ -97,8 +97,9 @@ def config_from_args(cls, namespace: argparse.Namespace):
 
 
 WEIGHTS_HELP = ("the base model's linear layers as loaded (float, the default) or quantized weight-only on torch's "
-                "CPU or CUDA kernels: int8 (per output row) or int4 (groups of 32), the output layer int8; a batch-1 forward "
-                "reads 4-6x fewer bytes, and sbd-verify stays exactly NTP's tokens of those weights (on a CPU; on CUDA where its kernels are row-invariant)")
+                "kernels: int8 (per output row; CPU only, CUDA's kernel is slower than bfloat16) or int4 (groups of "
+                "32), the output layer int8; a batch-1 forward reads 4-6x fewer bytes, and sbd-verify stays exactly "
+                "NTP's tokens of those weights")
 
 
 def add_weights_option(p) -> None:

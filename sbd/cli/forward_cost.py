@@ -103,7 +103,8 @@ def cmd_forward_cost(args) -> dict:
 
     quantized_weights = sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, QuantizedLinear))
     meta = {"model": name, "parameters": sum(p.numel() for p in model.parameters()) + quantized_weights,
-            "weights": weights_format(model) or "as loaded", "dtype": str(model.dtype).replace("torch.", ""), "device": _device_name(model), "torch": torch.__version__,
+            "weights": weights_format(model) or "as loaded", "dtype": str(model.dtype).replace("torch.", ""),
+            "device": _device_name(model), "torch": torch.__version__,
             "threads": torch.get_num_threads(), "repeats": args.repeats, "command": command,
             "narrow_linear": uses_narrow_linear(model)}
     paths, text = write_forward_cost(rows, args.out, meta, predicted, floor)

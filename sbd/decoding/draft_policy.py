@@ -49,10 +49,10 @@ class DraftOptions:
     docs/performance.md §9, "Probes").
 
     price_first_draft (adaptive drafting): a row's first draft feeds as many masks as pay on the record's
-    prior (a token stands with chance 1/2), as every later one does and as the vLLM proposer does. Off by
-    default: a row opens with a whole block of masks. Priced, SmolLM2 int4 ran 1.07x (chat and gsm
-    prompts), but the demo model's short answers then opened with plain steps and, with probes every 48,
-    seldom drafted at all (2x the forwards); docs/performance.md §9, "The first draft".
+    prior (a token stands with chance 1/2), as every later one does and as the vLLM proposer does. Off unless
+    the model's decoding defaults record `"first_draft": "priced"` (SmolLM2's drafter does: +5–6%, int4 and
+    float32); without it a row opens with a whole block of masks, since the demo model's short answers,
+    priced, opened with plain steps and seldom drafted at all (2x the forwards); docs/performance.md §9.
 
     fallback_after, fallback_alpha (whole-block drafts of masks never trained for drafting): after this
     many refused drafts, plain next-token steps while a draft token's estimated chance to stand stays

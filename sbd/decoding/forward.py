@@ -198,8 +198,9 @@ class ModelForward:
         exact = self.exact and not static
         if exact and any(f.parents is not None for f in feeds):
             raise ValueError("tree feeds have no exact attention plan (DecodeSpec refuses trees on quantized weights)")
-        uniform = (self.routed and not static and not exact and len(set(lengths)) == 1 and min(real) == width
-                   and len({f.n_commit for f in feeds}) == 1 and all(f.parents is None for f in feeds))
+        flush = not static and len(set(lengths)) == 1 and min(real) == width  # one length, no padding
+        uniform = (self.routed and flush and not exact and len({f.n_commit for f in feeds}) == 1
+                   and all(f.parents is None for f in feeds))
         mask = None
         if (not uniform and not exact) or observed:
             mask = step_mask(L, n, c, width, visible, j, causal_blocks)
@@ -217,8 +218,7 @@ class ModelForward:
             starts = [width - n_ + f.n_commit for n_, f in zip(real, feeds)]
             one = len(set(starts)) == 1 and not static  # static: always per row, so the graph never changes
             gate = starts[0] if one else torch.tensor(starts, device=dev)
-        write_from = lengths[0] if not static and len(set(lengths)) == 1 and min(real) == width else None
-        return StepInputs(tokens, pos, mask, write_at, visible, layout, gate, write_from)
+        return StepInputs(tokens, pos, mask, write_at, visible, layout, gate, lengths[0] if flush else None)
 
     def __call__(self, step: StepInputs, cache, lo: int = 0, *, logits_to_keep: int, call=None, head=None):
         """Run one forward over cache slots lo … lo + B − 1; returns (model output, the output layer's

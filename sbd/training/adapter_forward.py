@@ -148,20 +148,16 @@ def adapter_logits(model, inputs: dict, labels: torch.Tensor, num_clean: int,
         logits = model(input_ids=ids[:, n:], position_ids=pos[:, n:], attention_mask=noisy_mask,
                        **with_cache(model, cache), use_cache=True,
                        logits_to_keep=keep if supports_labelled_logits(model) else 0).logits
-    hidden = _labelled_rows(box[0], keep, n) if with_hidden else None
-    return AdapterOutputs(_labelled_rows(logits, keep, n), base_logits, kl_valid, hidden,
+    hidden = _labelled_rows(box[0], keep) if with_hidden else None
+    return AdapterOutputs(_labelled_rows(logits, keep), base_logits, kl_valid, hidden,
                           prev if base_hidden else None)
 
 
-def _labelled_rows(x: torch.Tensor, keep: torch.Tensor, n: int) -> torch.Tensor:
+def _labelled_rows(x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     """(N, ·) rows of the labelled positions, whether the model sliced with `logits_to_keep` or not: x is
-    (N, ·) or (1, N, ·) sliced, (B, M, ·) over the M noisy positions, or (B, n + M, ·) over all."""
+    (N, ·) or (1, N, ·) sliced, or (B, M, ·) over the M noisy positions fed (N ≤ M)."""
     if x.dim() == 3:
-        if x.shape[1] == keep.shape[1]:
-            return x[keep]
-        if x.shape[1] == keep.shape[1] + n:
-            return x[:, n:][keep]
-        return x[0]
+        return x[keep] if x.shape[1] == keep.shape[1] else x[0]
     return x
 
 
