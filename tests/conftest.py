@@ -35,11 +35,12 @@ _MODELS: dict[tuple[str, int], torch.nn.Module] = {}  # the shared tiny models, 
 _HOME = DEVICE
 
 
-def _fresh_model(arch: str, seed: int = 0):
+def _fresh_model(arch: str, seed: int = 0, hidden: int = 64, heads: int = 4, kv_heads: int = 2):
     """A new tiny model of `arch` and `seed` on DEVICE (built on the CPU: the same weights on every device)."""
     device_audit.arm()  # this test runs on DEVICE: its own tensors must say where they go
     tok = _tokenizer()
-    cfg = tiny.tiny_config(arch, vocab_size=len(tok), hidden=64, layers=2, heads=4, kv_heads=2, context=512)
+    cfg = tiny.tiny_config(arch, vocab_size=len(tok), hidden=hidden, layers=2, heads=heads, kv_heads=kv_heads,
+                           context=512)
     cfg.eos_token_id = tok.eos_token_id
     model = tiny.random_model(cfg, seed=seed, logit_scale=LOGIT_SCALE)
     model.config.sbd_mask_token_id = tok.mask_token_id

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import sbd
-from conftest import _model, attach_random_adapter, blocks, random_prompts
+from conftest import DEVICE, _model, attach_random_adapter, blocks, random_prompts
 from sbd.decoding.forward import ModelForward
 from sbd.errors import SBDError
 from sbd.models import quantized
@@ -53,6 +53,40 @@ def test_quantized_forwards_are_transformers_bit_for_bit(arch, fmt):
     for method, extra in (("ntp", {}), ("sbd-verify", {"draft": "block"})):
         _same_forwards(model, random_prompts(3, 300, seed=6), method=method, max_new_tokens=12,
                        **blocks(method, 4), **extra)
+
+
+@pytest.mark.parametrize("fmt", quantized.FORMATS)
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_joint_products_are_each_layers_own_bit_for_bit(arch, fmt):
+    """q, k, v (and gate, up) in one kernel call on a CPU, q and k rotated together: every logit as
+    transformers' modules give it (qwen2: with biases), alone and batched, with the adapter's gated updates,
+    where the int4 layers are whole tiles of the kernel's packing (64 rows: head size 64, as most models have)."""
+    model = _model.__wrapped__(arch, seed=7, hidden=128, heads=2, kv_heads=1)
+    seeded = torch.Generator().manual_seed(4)
+    with torch.no_grad():  # transformers starts biases at zero, where adding them would go unchecked
+        for m in model.modules():
+            if isinstance(m, torch.nn.Linear) and m.bias is not None:
+                m.bias.copy_(torch.randn(m.bias.shape, generator=seeded, device="cpu").to(m.bias.device))
+    attach_random_adapter(model, seed=3)
+    quantized.quantize(model, fmt)
+    a, m = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    joined = quantized.joint_product((a.q_proj, a.k_proj, a.v_proj)), quantized.joint_product((m.gate_proj, m.up_proj))
+    assert all(p is not None for p in joined) == (DEVICE.type == "cpu")
+    for method, extra in (("ntp", {}), ("sbd-verify", {"draft": "block"})):
+        _same_forwards(model, random_prompts(3, 300, seed=8), method=method, max_new_tokens=12,
+                       **blocks(method, 4), **extra)
+        _same_forwards(model, random_prompts(1, 300, seed=9), method=method, max_new_tokens=12,
+                       **blocks(method, 4), **extra)
+
+
+def test_int4_layers_join_only_at_the_kernels_tiles():
+    """The CPU int4 kernel packs output rows in tiles of 64: layers of 32 rows would read each other's
+    weights if joined, so they keep their own calls (and int8 layers, row by row, always join)."""
+    model = _model.__wrapped__("llama", seed=7)  # k and v: 32 rows
+    quantized.quantize(model, "int4")
+    a, m = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    assert quantized.joint_product((a.q_proj, a.k_proj, a.v_proj)) is None
+    assert (quantized.joint_product((m.gate_proj, m.up_proj)) is not None) == (DEVICE.type == "cpu")
 
 
 def test_other_models_and_foreign_hooks_run_through_transformers():

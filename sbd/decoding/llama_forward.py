@@ -11,8 +11,10 @@ What it does differently, each exact:
 - no nn.Module calls inside the decoder layers (the embedding and the output layer are still called as
   modules: the drafting adapter's mask embedding and the sampler head's capture hook on them run);
 - quantized layers (`sbd.models.quantized`) that share an input (q, k, v; gate, up) take one bfloat16
-  copy of it, and their bfloat16 outputs are not widened: the float32 operation that reads them
-  (rotary, residual add, the activation's product) widens them exactly as a cast would;
+  copy of it and, on a CPU, one kernel call (`joint_product`: each output column is computed alone, so
+  the columns are the layers' own bit for bit); their bfloat16 outputs are not widened: the float32
+  operation that reads them (rotary, residual add, the activation's product) widens them exactly as a
+  cast would;
 - the rotary embedding's cos/sin are laid out once per forward, and its half rotation is a `roll` of the
   halves times a sine whose first half is negated: (−x₂)·s = x₂·(−s) in floating point;
 - the drafting adapter's gated update is added by the same function its hooks call (`gate_output`), only
@@ -30,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from ..drafters.adapter import adapter_of, gate_output, layer_keys
-from ..models.quantized import QuantizedLinear
+from ..models.quantized import QuantizedLinear, joint_product
 from .attention import StepLayout, attend
 
 FAMILIES = ("llama", "mistral", "qwen2")
@@ -87,6 +89,14 @@ def _linear_entry(lin, key: str | None, adapter) -> tuple:
     return lin.forward, False, None, key, update
 
 
+def _joint(product, xq: torch.Tensor | None, sizes: tuple[int, ...]) -> tuple:
+    """The columns of each layer in one joint product of layers sharing an input (`joint_product`), or a
+    None per layer when they have none (each layer then computes its own)."""
+    if product is None:
+        return (None,) * len(sizes)
+    return product(xq).split(sizes, -1)
+
+
 class LlamaForward:
     """One decoding forward of a Llama-family model over the engine's cache (see the module docstring)."""
 
@@ -99,9 +109,12 @@ class LlamaForward:
         for layer in self.inner.layers:
             a, m = layer.self_attn, layer.mlp
             lins = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
+            joint = (joint_product(lins[:3]), joint_product(lins[4:6]))  # before the layers' own are bound
             self.layers.append((_norm(layer.input_layernorm), _norm(layer.post_attention_layernorm), a.head_dim,
                                 a.scaling, m.act_fn.forward,
-                                tuple(_linear_entry(lin, keys.get(id(lin)), self.adapter) for lin in lins)))
+                                tuple(_linear_entry(lin, keys.get(id(lin)), self.adapter) for lin in lins), joint,
+                                (a.q_proj.out_features, a.k_proj.out_features, a.v_proj.out_features),
+                                (m.gate_proj.out_features, m.up_proj.out_features)))
         self.final_norm = _norm(self.inner.norm)
 
     def foreign_hooks(self) -> bool:
@@ -126,37 +139,65 @@ class LlamaForward:
         rows = (gated and B == 1 and isinstance(start, int) and not torch.is_grad_enabled()
                 and self.adapter.mask_embedding.dtype == h.dtype)
         gate = (lambda x: x.view(-1, x.shape[-1])[start:]) if rows else (lambda x: True) if gated else (lambda x: None)
-        for i, (norm1, norm2, hd, scaling, act, (q, k, v, o, gate_p, up, down)) in enumerate(self.layers):
+        for i, (norm1, norm2, hd, scaling, act, (q, k, v, o, gate_p, up, down), (qkv, gu), qkv_sizes,
+                gu_sizes) in enumerate(self.layers):
             x = _rms_norm(norm1, h)
             xq, g = self._bf16(x, q), gate(x)
-            # a quantized layer's bfloat16 output widened once (the rotation's two products would each widen it)
-            qs = self._linear(q, x, xq, g).view(B, W, -1, hd).transpose(1, 2).to(h.dtype)
-            ks = self._linear(k, x, xq, g).view(B, W, -1, hd).transpose(1, 2).to(h.dtype)
-            vs = self._linear(v, x, xq, g).view(B, W, -1, hd).transpose(1, 2).to(h.dtype)
-            qs = qs * cos + qs.roll(half, -1) * sin
-            ks = ks * cos + ks.roll(half, -1) * sin
+            if qkv is not None:  # q and k rotated together: the same elementwise operations on both
+                qk, vs = self._qkv(qkv, (q, k, v), qkv_sizes, x, xq, g, hd, h.dtype)
+                qk = qk * cos + qk.roll(half, -1) * sin
+                qs, ks = qk[:, : qkv_sizes[0] // hd], qk[:, qkv_sizes[0] // hd :]
+            else:
+                # a quantized layer's bfloat16 output widened once (the rotation's two products would each widen it)
+                qs = self._linear(q, x, xq, g).view(B, W, -1, hd).transpose(1, 2).to(h.dtype)
+                ks = self._linear(k, x, xq, g).view(B, W, -1, hd).transpose(1, 2).to(h.dtype)
+                vs = self._linear(v, x, xq, g).view(B, W, -1, hd).transpose(1, 2).to(h.dtype)
+                qs = qs * cos + qs.roll(half, -1) * sin
+                ks = ks * cos + ks.roll(half, -1) * sin
             ks, vs = cache.layers[i].update(ks, vs)
             att = attend(qs, ks, vs, layout, scaling).transpose(1, 2).reshape(B, W, -1)
             h = h + self._linear(o, att, self._bf16(att, o), gate(att))
             x = _rms_norm(norm2, h)
             xq, g = self._bf16(x, gate_p), gate(x)
-            mid = act(self._linear(gate_p, x, xq, g).to(h.dtype)) * self._linear(up, x, xq, g)
+            yg, yu = _joint(gu, xq, gu_sizes)
+            mid = act(self._linear(gate_p, x, xq, g, yg).to(h.dtype)) * self._linear(up, x, xq, g, yu)
             h = h + self._linear(down, mid, self._bf16(mid, down), gate(mid))
         h = _rms_norm(self.final_norm, h[:, -logits_to_keep:])
         return StepOutput(self.model.get_output_embeddings()(h))
+
+    def _qkv(self, product, entries, sizes: tuple[int, int, int], x: torch.Tensor, xq: torch.Tensor, gate,
+             hd: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """q and k side by side (B, heads of q and k, W, hd), and v (B, heads, W, hd), from one joint product
+        (`joint_product`) widened once: each layer's columns with its bias and the adapter's update added in
+        place, the operations `_linear` applies to a layer's own output, in the same order."""
+        B, W = x.shape[:2]
+        y = product(xq).to(dtype)
+        for (_, _, bias, key, update), part in zip(entries, y.split(sizes, -1)):
+            if bias is not None:
+                part.add_(bias)
+            if gate is None or key is None:
+                continue
+            if gate is True:
+                part.view(B, W, -1).copy_(gate_output(self.adapter, key, x, part.view(B, W, -1)))
+            else:
+                part[-gate.shape[0]:].addmm_(torch.mm(gate, update[0]), update[1], alpha=self.adapter.scaling)
+        qk = y[:, : sizes[0] + sizes[1]].view(B, W, -1, hd).transpose(1, 2)
+        return qk, y[:, sizes[0] + sizes[1] :].view(B, W, -1, hd).transpose(1, 2)
 
     @staticmethod
     def _bf16(x: torch.Tensor, entry) -> torch.Tensor | None:
         """The input of a quantized layer as its kernel takes it (once for the layers that share it)."""
         return x.reshape(-1, x.shape[-1]).to(torch.bfloat16) if entry[1] else None
 
-    def _linear(self, entry, x: torch.Tensor, xq: torch.Tensor | None, gate) -> torch.Tensor:
+    def _linear(self, entry, x: torch.Tensor, xq: torch.Tensor | None, gate,
+                joint: torch.Tensor | None = None) -> torch.Tensor:
         """The layer's output for x (B, W, in): a quantized layer's in bfloat16 unless the adapter adds to it.
         gate: None (no block in this forward), x's gated rows (one row, one start: the hook's own
-        arithmetic on them, `gated_update`'s decoding path) or True (any other gate: `gate_output`)."""
+        arithmetic on them, `gated_update`'s decoding path) or True (any other gate: `gate_output`);
+        joint: the layer's columns of a joint product (`_joint`), computed already."""
         product, quantized, bias, key, update = entry
         if quantized:
-            y = product(xq).view(*x.shape[:-1], -1)
+            y = (product(xq) if joint is None else joint).view(*x.shape[:-1], -1)
             if bias is not None:
                 y = y + bias  # widened to the bias' dtype, as a cast before the add would
         else:

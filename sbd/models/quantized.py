@@ -41,6 +41,7 @@ FORMATS = ("int8", "int4")
 DEVICES = ("cpu", "cuda")  # where torch has weight-only kernels (CUDA's int8 serves the output layer of int4 only)
 GROUP = 32  # int4 values per scale (a GGUF Q4_1 block holds 32)
 INT4_ROWS = 16  # the int4 kernel packs output rows by 16
+CPU_INT4_TILE = 64  # the CPU int4 kernel packs output rows in tiles of 64: layers join only at their borders
 CUDA_K_TILES = (8, 4, 2)  # tinygemm's inner k tiles (16 input columns each), largest that divides the input first
 
 
@@ -106,6 +107,48 @@ class QuantizedLinear(nn.Module):
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, {self.fmt}" + (
             f", group={self.group}" if self.fmt == "int4" else "")
+
+
+def joint_product(layers: tuple[QuantizedLinear, ...]):
+    """One kernel call for quantized layers that read the same input (a Llama layer's q, k and v; its gate and
+    up): a function of the bfloat16 input giving the layers' products side by side (without biases), or None
+    where they cannot share one (different formats, groups or input sizes; int4 layers whose outputs are not
+    whole tiles of the kernel's packing, 64 rows; not on a CPU).
+
+    Why: at batch 1 every kernel call costs its fixed overhead (threads started and joined, the input cut
+    into tiles) on top of reading its weights; joining SmolLM2's 7 products per layer into 4 saves 90 calls a
+    forward. Exact: the CPU kernels compute each output column alone, so a column of the joint product is bit
+    for bit the layer's own (tests/test_llama_forward.py compares every logit with transformers' modules).
+    CUDA's int4 packs weights in tiles whose joining is not checked on a GPU yet: there each layer keeps its
+    own call.
+
+    Memory: each layer's weight becomes a view of its rows of the joint one (no copy); int4 scales are held
+    twice (the kernel takes them contiguous, column-major per group: 1 bit per weight of these layers). Kept
+    on the first layer and rebuilt when any layer's tensors change (moved, re-quantized)."""
+    first = layers[0]
+    if any(not isinstance(q, QuantizedLinear) or (q.fmt, q.group, q.in_features) != (first.fmt, first.group,
+           first.in_features) or q.qweight.device.type != "cpu" or (q.fmt == "int4" and q.out_features % CPU_INT4_TILE)
+           for q in layers):
+        return None
+    tensors = [t for q in layers for t in q._buffers.values()]
+    cached = first.__dict__.get("_joint")  # (the layers' tensors it was built from, the product)
+    if cached is not None and len(cached[0]) == len(tensors) and all(a is b for a, b in zip(cached[0], tensors)):
+        return cached[1]
+    weight = torch.cat([q.qweight for q in layers])
+    scales = torch.cat([q.scales for q in layers]) if first.fmt == "int8" else None
+    at = 0
+    for q in layers:  # each layer's tensors become views of its rows of the joint ones
+        q.qweight = weight[at : at + q.out_features]
+        if scales is not None:
+            q.scales = scales[at : at + q.out_features]
+        at += q.out_features
+    if first.fmt == "int8":
+        product = lambda flat: torch._weight_int8pack_mm(flat, weight, scales)  # noqa: E731
+    else:
+        scale_zero, group = torch.cat([q.scale_zero for q in layers], 1).contiguous(), first.group
+        product = lambda flat: torch._weight_int4pack_mm_for_cpu(flat, weight, group, scale_zero)  # noqa: E731
+    first.__dict__["_joint"] = ([t for q in layers for t in q._buffers.values()], product)
+    return product
 
 
 def _pack_int4(values: torch.Tensor) -> torch.Tensor:
