@@ -79,7 +79,7 @@ def median_ms(xs):
 def load_model():
     """The bare SmolLM2-135M-Instruct (fp32, no drafting adapter), as sbd loads it, and its tokenizer."""
     import sbd
-    from sbd.models.loading import packaged_model
+    from sbd.models.names import packaged_model
 
     base, _ = packaged_model("smollm2")
     model, tok = sbd.load(Path(base), probe=False)

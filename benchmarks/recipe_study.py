@@ -45,7 +45,7 @@ def main() -> None:
 
     from sbd.cli.args import config_from_args
     from sbd.cli.main import build_parser
-    from sbd.models.loading import DEMO_NAMES, demo_path
+    from sbd.models.names import DEMO_NAMES, demo_path
     from sbd.tasks import render_jsonl
     from sbd.training.checkpoints import latest_checkpoint
     from sbd.training.run import TrainConfig, train

@@ -8,7 +8,7 @@ import torch
 
 import sbd
 from sbd.cli import demo as demo_mod
-from sbd.models import loading as loading_mod
+from sbd.models import names as names_mod
 from sbd.cli import main
 from sbd.experiment import PHASES, Experiment
 
@@ -88,7 +88,7 @@ def test_another_scale_in_the_same_folder_is_refused(run):
 def test_ship_then_demo(run, tmp_path, monkeypatch, capsys):
     dest = tmp_path / "demo_model"
     Experiment("toy", run).ship(dest)
-    monkeypatch.setattr(loading_mod, "DEMO_DIR", dest)
+    monkeypatch.setattr(names_mod, "DEMO_DIR", dest)
     model, _ = sbd.load("demo")
     assert model.config.sbd_mask_token_id is not None
     stats = demo_mod.run_demo(n=1, max_new_tokens=8, colour=False)
@@ -104,7 +104,7 @@ def test_ship_then_demo(run, tmp_path, monkeypatch, capsys):
 
 
 def test_missing_demo_model_is_one_clear_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(loading_mod, "DEMO_DIR", tmp_path / "nothing")
+    monkeypatch.setattr(names_mod, "DEMO_DIR", tmp_path / "nothing")
     with pytest.raises(sbd.SBDError, match="sbd experiment tiny"):
         sbd.load("demo")
 

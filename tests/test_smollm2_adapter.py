@@ -14,7 +14,7 @@ from sbd.drafters.adapter import adapter_of
 from sbd.benchmarking.bench import _hf_generate
 from sbd.decoding.generate import encode_prompts
 from sbd.models.facts import default_eos_ids
-from sbd.models.loading import ADAPTERS_DIR
+from sbd.models.names import ADAPTERS_DIR
 from sbd.models.narrow_linear import linear_layers
 from sbd.drafters.sampler_head import head_of
 from sbd.tasks.prompts import load_prompts

@@ -13,7 +13,7 @@ import re
 import pytest
 from safetensors import safe_open
 
-from sbd.models.loading import ADAPTERS_DIR
+from sbd.models.names import ADAPTERS_DIR
 
 FOLDER = ADAPTERS_DIR / "smollm2"
 

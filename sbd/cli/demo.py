@@ -11,7 +11,7 @@ import json
 import statistics
 import sys
 
-from ..models.loading import demo_path
+from ..models.names import demo_path
 from .args import gamma_value, positive_int
 from .show import by_forward, print_table
 

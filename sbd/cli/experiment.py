@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import SBDError
 from ..experiment import SCALES, Experiment
-from ..models.loading import DEMO_DIR
+from ..models.names import DEMO_DIR
 
 
 def add_experiment_parser(sub) -> None:

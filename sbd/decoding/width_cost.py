@@ -251,7 +251,7 @@ def disk_key(forward: ModelForward, batch: int) -> str:
 
 def _disk_file(key: str) -> Path:
     """$SBD_COSTS_CACHE/KEY.json, else the cache folder's step_costs/KEY.json."""
-    from ..models.loading import cache_dir
+    from ..models.names import cache_dir
 
     folder = os.environ.get("SBD_COSTS_CACHE")
     return (Path(folder) if folder else cache_dir() / "step_costs") / f"{key}.json"

@@ -9,6 +9,7 @@ weights are plain tensors by then.
 from __future__ import annotations
 
 import importlib.util
+import json
 import struct
 from pathlib import Path
 
@@ -48,6 +49,24 @@ def resolve_source(source: str) -> tuple[Path, str | None]:
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def check_model_folder(path: Path) -> None:
+    """SBDError in one line unless `path` is a Hugging Face model folder sbd loads: config.json (valid JSON),
+    safetensors weights and the tokenizer's files."""
+    if not path.exists():
+        raise SBDError(f"model path {str(path)!r} does not exist")
+    if not path.is_dir():
+        raise SBDError(f"model path {str(path)!r} is not a directory (expected a Hugging Face model folder)")
+    if not (path / "config.json").is_file():
+        raise SBDError(f"{str(path)!r} is not a model directory: it has no config.json")
+    if not any(path.glob("*.safetensors")):
+        raise SBDError(f"{str(path)!r} has no .safetensors weights (sbd loads safetensors only)")
+    try:
+        json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise SBDError(f"{str(path)!r}: config.json is not valid JSON ({e})") from None
+    check_tokenizer_files(path)
 
 
 def check_tokenizer_files(path: Path) -> None:

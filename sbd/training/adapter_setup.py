@@ -14,7 +14,7 @@ BYTES_PER_PARAMETER = 16  # fp32: the weight, its gradient and Adam's two moment
 def base_name(model: str) -> str:
     """The base as the user named it: a shipped name (demo, smollm2) stays a name, a real folder becomes
     an absolute path, so that `sbd generate --model OUT` finds it from any directory."""
-    from ..models.loading import DEMO_NAMES, PACKAGED_MODELS
+    from ..models.names import DEMO_NAMES, PACKAGED_MODELS
 
     path = Path(model)
     if str(model) in (*DEMO_NAMES, *PACKAGED_MODELS) and not path.exists():

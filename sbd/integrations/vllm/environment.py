@@ -22,7 +22,7 @@ UNMATCHED = ("torchvision", "torchaudio", "torchcodec")
 
 
 def venv_dir() -> Path:
-    from ...models.loading import cache_dir
+    from ...models.names import cache_dir
 
     return Path(os.environ.get("SBD_VLLM_VENV") or cache_dir() / f"vllm-{VERSION}")
 

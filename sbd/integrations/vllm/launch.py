@@ -20,17 +20,14 @@ SPEC_TOKENS = 15  # the longest draft vLLM schedules per step, masks included (t
 
 def resolve_model(model: str, adapter: str | None = None) -> tuple[Path, Path | None]:
     """(base model folder, drafting adapter folder or None) as `sbd.load` resolves them
-    (`sbd.models.loading.resolve_paths`), plus a folder's own adapter in its `sbd_adapter` subfolder, where
+    (`sbd.models.names.resolve_paths`), plus a folder's own adapter in its `sbd_adapter` subfolder, where
     the plug-in's model class looks too."""
-    from ...models.loading import resolve_paths
+    from ...models.names import resolve_paths
 
     own = None if adapter is not None else Path(str(model)) / ADAPTER_DIR
     if own is not None and (own / "adapter_config.json").is_file():
         adapter = str(own)  # checked by resolve_paths: one line for a folder that holds no drafting adapter
-    path, adapter_dir = resolve_paths(model, adapter)
-    if not (path / "config.json").is_file():
-        raise SBDError(f"{str(path)!r} is not a model folder (no config.json)")
-    return path, adapter_dir
+    return resolve_paths(model, adapter)  # a folder that is no model folder: one line there
 
 
 def engine_settings(model: str, adapter: str | None = None, spec_tokens: int = SPEC_TOKENS) -> dict:
@@ -188,7 +185,7 @@ def converted_copy(folder: Path, dtype: str) -> Path:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from ...models.loading import cache_dir
+    from ...models.names import cache_dir
 
     folder = folder.resolve()
     files = sorted(folder.glob("*.safetensors"))
