@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import sys
 
-import torch
-
-import sbd
 import sbd.decoding.forward as forward
-from turns import prompt_set, take_turns
+from turns import patched_turns
 
 SLICED = forward.ModelForward.inputs
 
@@ -27,18 +24,7 @@ def scattered(self, *args, **kwargs):
 
 
 def main(fmt: str, which: str) -> None:
-    torch.set_num_threads(2)
-    model, tok = sbd.load("smollm2", **({} if fmt == "float32" else {"weights": fmt}))
-
-    def run(inputs, method):
-        def go(p):
-            forward.ModelForward.inputs = inputs
-            return sbd.generate(model, tok, [p], max_new_tokens=96, chat=True, method=method)
-        return go
-
-    for method in ("ntp", "sbd-verify"):
-        take_turns({"scatter": run(scattered, method), "slice": run(SLICED, method)}, prompt_set(which),
-                   f"{fmt} {which} {method}")
+    patched_turns(forward.ModelForward, "inputs", {"scatter": scattered, "slice": SLICED}, fmt, which)
 
 
 if __name__ == "__main__":

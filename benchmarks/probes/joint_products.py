@@ -10,28 +10,15 @@ from __future__ import annotations
 
 import sys
 
-import torch
-
-import sbd
 import sbd.decoding.llama_forward as llama_forward
-from turns import prompt_set, take_turns
+from turns import patched_turns
 
 JOINT = llama_forward.joint_product
 
 
 def main(fmt: str, which: str) -> None:
-    torch.set_num_threads(2)
-    model, tok = sbd.load("smollm2", weights=fmt)
-
-    def run(joint, method):
-        def go(p):
-            llama_forward.joint_product = joint  # read when the call's engine builds its forward
-            return sbd.generate(model, tok, [p], max_new_tokens=96, chat=True, method=method)
-        return go
-
-    for method in ("ntp", "sbd-verify"):
-        take_turns({"per layer": run(lambda layers: None, method), "joint": run(JOINT, method)},
-                   prompt_set(which), f"{fmt} {which} {method}")
+    # read when a call's engine builds its forward
+    patched_turns(llama_forward, "joint_product", {"per layer": lambda layers: None, "joint": JOINT}, fmt, which)
 
 
 if __name__ == "__main__":

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import sys
 
-import torch
 import torch.nn.functional as F
 
-import sbd
 import sbd.decoding.attention as attention
-from turns import prompt_set, take_turns
+from turns import patched_turns
 
 FOLDED = attention._sdpa
 
@@ -25,18 +23,7 @@ def with_gqa(q, k, v, scale, mask=None):
 
 
 def main(fmt: str, which: str) -> None:
-    torch.set_num_threads(2)
-    model, tok = sbd.load("smollm2", **({} if fmt == "float32" else {"weights": fmt}))
-
-    def run(sdpa, method):
-        def go(p):
-            attention._sdpa = sdpa
-            return sbd.generate(model, tok, [p], max_new_tokens=96, chat=True, method=method)
-        return go
-
-    for method in ("ntp", "sbd-verify"):
-        take_turns({"enable_gqa": run(with_gqa, method), "folded": run(FOLDED, method)}, prompt_set(which),
-                   f"{fmt} {which} {method}")
+    patched_turns(attention, "_sdpa", {"enable_gqa": with_gqa, "folded": FOLDED}, fmt, which)
 
 
 if __name__ == "__main__":

@@ -38,3 +38,24 @@ def take_turns(settings: dict[str, Callable[[str], object]], prompts: list[str],
     for k, (n, s, f, t) in res.items():
         print(f"{label} {k}: {n / s:.1f} tokens/s, {n / f:.2f} tokens per forward, "
               f"same tokens as {first}: {t == res[first][3]}")
+
+
+def patched_turns(module, name: str, settings: dict[str, object], fmt: str, which: str) -> None:
+    """SmolLM2 + its drafter with `fmt` weights ("float32", "int8", "int4"), NTP then sbd-verify with their
+    defaults, each setting of `module.<name>` (label -> value) set before its calls, taking turns."""
+    import torch
+
+    import sbd
+
+    torch.set_num_threads(2)
+    model, tok = sbd.load("smollm2", **({} if fmt == "float32" else {"weights": fmt}))
+
+    def run(value, method):
+        def go(p):
+            setattr(module, name, value)
+            return sbd.generate(model, tok, [p], max_new_tokens=96, chat=True, method=method)
+        return go
+
+    for method in ("ntp", "sbd-verify"):
+        take_turns({label: run(value, method) for label, value in settings.items()}, prompt_set(which),
+                   f"{fmt} {which} {method}")
