@@ -183,9 +183,20 @@ def test_adapter_decoding_update_equals_the_training_formula(llama):
         adapters.detach(llama)
 
 
-def test_sbd_load_uses_narrow_layers_on_cpu_float32_unless_asked_not_to():
+def test_sbd_load_uses_narrow_layers_on_amd_cpus_in_float32_unless_asked_not_to(monkeypatch):
+    """Where it was measured to pay (AMD CPUs with MKL) and nowhere else by default: on an Intel Xeon MKL's
+    own products were 3.5x faster at one token."""
+    monkeypatch.setattr(narrow, "cpu_vendor", lambda: "AuthenticAMD")
+    assert narrow.worth_it("cpu", torch.float32) == torch.backends.mkl.is_available()
     model, _ = sbd.load("demo")
-    assert uses_narrow_linear(model)
+    assert uses_narrow_linear(model) == torch.backends.mkl.is_available()
     model, _ = sbd.load("demo", narrow_linear=False)
     assert not uses_narrow_linear(model)
+    model, _ = sbd.load("demo", narrow_linear=True)
+    assert uses_narrow_linear(model)
     assert not narrow.worth_it("cpu", torch.bfloat16) and not narrow.worth_it("cuda", torch.float32)
+    for vendor in ("GenuineIntel", None):
+        monkeypatch.setattr(narrow, "cpu_vendor", lambda v=vendor: v)
+        assert not narrow.worth_it("cpu", torch.float32)
+        model, _ = sbd.load("demo")
+        assert not uses_narrow_linear(model)

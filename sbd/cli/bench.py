@@ -27,7 +27,7 @@ def add_bench_parser(sub):
     add_model_options(p, narrow_choices=("auto", "on", "off", "both"), narrow_help=(
         "linear layers of few-token forwards as W·xᵀ (on), as torch's F.linear (off), or a row of each for every "
         "method but our NTP loop (both: the A/B in one process; the NTP loop runs as loaded); auto: our rows as "
-        "sbd.load sets it (on for float32 on CPU), Hugging Face's rows on torch's own layers (stock transformers)"),
+        "sbd.load sets it (on for float32 on an AMD CPU), Hugging Face's rows on torch's own layers (stock transformers)"),
         shape_help="a random-weight Llama with these shapes, fed --n random prompts of --prompt-tokens tokens "
                    "(timing only: use --methods hf,ntp,sbd-fixed)")
     p.add_argument("--task", type=_argtype(parse_tasks), default=None, metavar="NAME[,NAME]",

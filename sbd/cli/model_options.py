@@ -7,7 +7,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 
 NARROW_HELP = ("linear layers of few-token forwards as W·xᵀ (on) or as torch's F.linear (off); auto: on for float32 "
-               "on CPU, as sbd.load does (see sbd.models.narrow_linear)")
+               "on an AMD CPU, as sbd.load does (see sbd.models.narrow_linear)")
 
 
 from .args import add_weights_option, weights_arg

@@ -42,7 +42,8 @@ def load(path, *, adapter=None, device: str | None = None, dtype: torch.dtype | 
     dtype defaults to float32 on CPU (faster than bf16 there) and to the checkpoint's dtype elsewhere.
     The model must pass the conformance probe (`sbd.probe.probe_model`) unless `probe=False`.
     narrow_linear: compute the linear layers of few-token forwards as W·xᵀ (`sbd.models.narrow_linear`;
-    default: on for float32 on CPU, where SBD's narrow forwards otherwise cost up to 2x a 1-token one).
+    default: on for float32 on an AMD CPU with MKL, where SBD's narrow forwards otherwise cost up to 2x a
+    1-token one; off elsewhere, e.g. on an Intel CPU, where MKL's own products are faster).
     sampler_head: attach the sampler head saved in the adapter's folder, if it holds one
     (`sbd.drafters.sampler_head`: sbd-verify's drafts then see each other); False leaves it off (drafts as the
     masks alone make them). Either way the output of sbd-verify is the model's own.

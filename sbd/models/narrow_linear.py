@@ -11,6 +11,10 @@ in the cache (the 4.7M demo model: 18 MB) x·Wᵀ is the faster form there. So a
 (rows × width) always runs as W·xᵀ, and one of up to 64 positions too when the linear layers
 outweigh the cache (`CACHED_BYTES`), with its columns padded to a multiple of 8.
 
+All of this holds for torch's MKL on AMD CPUs; on an Intel Xeon MKL's matrix-vector and few-row products
+were the faster ones (W·xᵀ took 3.5x as long at one and two rows), so `sbd.load` switches the narrow path
+on for AMD CPUs only (`worth_it`).
+
 One-token forwards (plain greedy decoding, and the steps of sbd-verify that carry no draft) take the
 same path when the weights stream from memory, as a product with two columns, the second one zero:
 torch's matrix-vector product (MKL's gemv on this class of machine) runs on one thread and streams
@@ -97,8 +101,25 @@ def uses_narrow_linear(model: nn.Module) -> bool:
 
 
 def worth_it(device, dtype) -> bool:
-    """On by default for float32 models on CPU (where it was measured); elsewhere the default kernels."""
-    return torch.device(device).type == "cpu" and dtype == torch.float32
+    """On by default for float32 models on an AMD CPU with torch's MKL, where it was measured to pay (EPYC,
+    Zen 4: MKL's matrix-vector product runs on one thread there, and its few-row products take a general
+    path); elsewhere the default kernels. On an Intel Xeon MKL's own products were the faster ones: a
+    SmolLM2 one-token forward took 3.5x as long on the narrow path (docs/performance.md, "Narrow forwards")."""
+    return (torch.device(device).type == "cpu" and dtype == torch.float32 and cpu_vendor() == "AuthenticAMD"
+            and torch.backends.mkl.is_available())
+
+
+def cpu_vendor() -> str | None:
+    """The CPU's vendor as the processor names itself ("AuthenticAMD", "GenuineIntel"), or None where
+    /proc/cpuinfo does not say (not Linux, not x86)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
 
 
 @contextlib.contextmanager
