@@ -41,6 +41,24 @@ def test_steps_that_feed_masks_are_priced_apart_from_those_that_do_not():
     assert cost(3) == pytest.approx(1.2) and cost.masks(3) == pytest.approx(1.9)
     assert cost.masks(4) == pytest.approx(1.9 * 1.3 / 1.2)  # beyond its widths: the prior's shape
     assert cost.masks.plain == cost.plain
+    assert cost.masks(2) == pytest.approx(1.9 * 1.1 / 1.2)  # below its widths: the prior's shape too
+    assert cost.masks(1) == cost(1) == 1.0  # a one-token step feeds no masks: the plain step, never extended
+
+
+def test_drafting_nothing_is_priced_as_a_plain_step_where_mask_steps_are_dear():
+    """Mask steps at ~2 one-token steps and drafts that stand half the time: no draft pays, so the policy
+    feeds plain steps. (Pricing the plain step from the mask steps' record, 1.5 here, made every draft look
+    cheaper than drafting nothing: SmolLM2 float32 sbd-verify ran at 0.77x NTP on a Xeon.)"""
+    from sbd.decoding.draft_lengths import best_draft_length
+
+    cost = StepCost(_line(0.1))
+    for _ in range(3):
+        cost.add(1, 0.010)
+        for w in (5, 8):
+            cost.add(w, 0.010 * (1.5 + 0.07 * w), masks=True)
+    assert cost.masks(1) == 1.0 and cost.masks(5) == pytest.approx(1.85)
+    assert best_draft_length(0.5, cost.masks, 7) == 0
+    assert best_draft_length(0.9, cost.masks, 7) > 0  # drafts that stand pay for the same steps
 
 
 def test_a_width_never_measured_alone_is_anchored_by_the_prior():

@@ -205,7 +205,10 @@ class StepCost:
 
 
 class MaskSteps:
-    """`StepCost.masks`: width -> relative time of a step that feeds masks; `plain` as its step cost's."""
+    """`StepCost.masks`: width -> relative time of a step that feeds masks; `plain` as its step cost's. A
+    one-token step feeds no masks: width 1 is the plain step itself (1.0), the price of drafting nothing,
+    never the mask steps' record extended down to one token (which priced a plain step like a mask step,
+    ~1.36 one-token steps on SmolLM2 float32, so that drafts won even where they lost time)."""
 
     def __init__(self, cost: StepCost):
         self.cost = cost
@@ -220,7 +223,7 @@ class MaskSteps:
 
     def __call__(self, w: int) -> float:
         own = self.cost._with_masks
-        if own is None:  # no step with masks measured yet: priced as the others
+        if own is None or w <= 1:  # no step with masks measured yet, or none at this width: as the others
             return self.cost(w)
         c = own._memo.get(w)  # cleared whenever either record gains a median (`_sample`)
         if c is None:
