@@ -31,6 +31,9 @@ from machine_name import machine
 from quantized_decoding import PROMPTS
 
 
+
+DEFAULT_VLLM_PASSES = 2
+
 def llama_runner(path: str, threads: int, lookup: bool):
     from llama_cpp import Llama
 
@@ -115,7 +118,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--vllm-passes", type=int, default=2, help="passes of each vLLM engine (0: leave vLLM out)")
+    ap.add_argument("--vllm-passes", type=int, default=DEFAULT_VLLM_PASSES,
+                    help=f"passes of each vLLM engine (0: leave vLLM out; default {DEFAULT_VLLM_PASSES})")
     ap.add_argument("--prompts", choices=("chat", "gsm"), default="chat",
                     help="chat: everyday chat prompts (up to 10); gsm: held-out gsm_symbolic questions")
     args = ap.parse_args()
@@ -169,6 +173,7 @@ def main() -> None:
         ref[fmt] = [t for t, _, _ in out[f"sbd {fmt}, ntp"]]
     lines = ["# sbd against llama.cpp, vLLM and Hugging Face on SmolLM2-135M-Instruct, one CPU", "",
              f"Command: `python benchmarks/cpu_peers.py --n {args.n} --max-new-tokens {args.max_new_tokens} "
+             f"{'' if args.vllm_passes == DEFAULT_VLLM_PASSES else f'--vllm-passes {args.vllm_passes} '}"
              f"{'--prompts gsm ' if args.prompts == 'gsm' else ''}--out {args.out}`  ",
              f"Machine: {machine()}, {args.threads} threads, torch {torch.__version__}, llama-cpp-python "
              f"{__import__('llama_cpp').__version__}, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  ",
