@@ -185,7 +185,7 @@ def test_adapter_decoding_update_equals_the_training_formula(llama):
 
 def test_sbd_load_uses_narrow_layers_on_amd_cpus_in_float32_unless_asked_not_to(monkeypatch):
     """Where it was measured to pay (AMD CPUs with MKL) and nowhere else by default: on an Intel Xeon MKL's
-    own products were 3.5x faster at one token."""
+    own products were 2.4x faster at one token."""
     monkeypatch.setattr(narrow, "cpu_vendor", lambda: "AuthenticAMD")
     assert narrow.worth_it("cpu", torch.float32) == torch.backends.mkl.is_available()
     model, _ = sbd.load("demo")

@@ -12,7 +12,7 @@ in the cache (the 4.7M demo model: 18 MB) x·Wᵀ is the faster form there. So a
 outweigh the cache (`CACHED_BYTES`), with its columns padded to a multiple of 8.
 
 All of this holds for torch's MKL on AMD CPUs; on an Intel Xeon MKL's matrix-vector and few-row products
-were the faster ones (W·xᵀ took 3.5x as long at one and two rows), so `sbd.load` switches the narrow path
+were the faster ones (W·xᵀ took 2.4x as long at one and two rows), so `sbd.load` switches the narrow path
 on for AMD CPUs only (`worth_it`).
 
 One-token forwards (plain greedy decoding, and the steps of sbd-verify that carry no draft) take the
@@ -103,8 +103,9 @@ def uses_narrow_linear(model: nn.Module) -> bool:
 def worth_it(device, dtype) -> bool:
     """On by default for float32 models on an AMD CPU with torch's MKL, where it was measured to pay (EPYC,
     Zen 4: MKL's matrix-vector product runs on one thread there, and its few-row products take a general
-    path); elsewhere the default kernels. On an Intel Xeon MKL's own products were the faster ones: a
-    SmolLM2 one-token forward took 3.5x as long on the narrow path (docs/performance.md, "Narrow forwards")."""
+    path); elsewhere the default kernels. On an Intel Xeon MKL's own products were the faster ones: SmolLM2's
+    linear layers took 2.4x as long at one token on the narrow path, and float32 decoding ran at half speed
+    (docs/performance.md §9, "Float32 linear layers")."""
     return (torch.device(device).type == "cpu" and dtype == torch.float32 and cpu_vendor() == "AuthenticAMD"
             and torch.backends.mkl.is_available())
 
