@@ -40,6 +40,7 @@ from .processing import pick, target_probs, token_logprobs
 from .proposers.base import Seen
 from .proposers.chain import MaskChain, leftover_draft
 from .proposers.eb import EBReveal, eb_rule
+from .proposers.head import HeadChain
 from .proposers.lookup import LookupIndex
 from .row import Row
 
@@ -199,9 +200,9 @@ def accept_sampled(p, draft, q_draft, gen):
 class VerifyRow(Row):
     """sbd-verify (module docstring): verify a draft, commit what stands, and ask the drafters for the next.
 
-    Its drafters (`sbd.decoding.proposers`, one interface): the masks' chain (`MaskChain`: their argmax,
-    or the sampler head's re-ranking of their candidates when the engine hands `ask` a `Drafting`; greedy
-    block or adaptive drafts, `drafts_with_head`), prompt lookup (`LookupIndex`, greedy: its continuation
+    Its drafters (`sbd.decoding.proposers`, one interface): the masks' chain (`MaskChain`, their argmax),
+    the sampler head's (`HeadChain`, their candidates re-ranked, when the engine hands `ask` a `Drafting`:
+    greedy block or adaptive drafts, `drafts_with_head`), prompt lookup (`LookupIndex`, greedy: its continuation
     when it finds one, and then no masks beside it) and the EB rule's reveal (`EBReveal`, draft "eb":
     the next draft revealed over forwards of its own, greedy). Tree drafts are `sbd.decoding.tree_rows`.
     How long a draft is, and from which source, is the row's `DraftPolicy` (the policy the vLLM proposer
@@ -224,7 +225,8 @@ class VerifyRow(Row):
             self.policy.adapt(self.mask_cost)  # the first draft's masks, from the record's prior
         self.lookup_max = spec.lookup_max  # the longest lookup draft
         self.lookup_index = LookupIndex(self.prompt) if spec.lookup else None
-        self.chain = MaskChain()
+        self.chains = MaskChain(), HeadChain()  # the masks' argmax, the sampler head's
+        self.chain = self.chains[0]  # the one asked last
         self.eb = EBReveal(self.block_size, spec.eb_gamma, spec.proxy, mask_id) if spec.eb_gamma is not None else None
         self.needs_extra = verify_width(self.block_size, self.lookup_max if spec.lookup else 0, self.tree)
         self.from_lookup = False  # the current draft came from prompt lookup
@@ -291,6 +293,7 @@ class VerifyRow(Row):
             if self.eb is not None:  # the first reveal step of the next draft, over all the masks
                 parts += self.eb.values(Seen(masks))
             else:  # adaptive chains are cut where the drafter is unsure: its probabilities are sent along
+                self.chain = self.chains[drafting is not None]
                 self.chain.cut = self.cost is not None and self.options.cuts_chains(drafting is not None)
                 parts += self.chain.values(Seen(masks[1:], 2 + n, tokens[-1], drafting))
         if self.logprobs is not None:  # for every position: the token kept there, if it is kept

@@ -57,6 +57,7 @@ class TreeRow(VerifyRow):
             fed = torch.tensor(tokens[1:], dtype=torch.long, device=logits.device)
             target = self._next_token_logits(ntp, fed, tree_mask(parents).to(logits.device))
         nxt = target.argmax(-1)
+        self.chain = self.chains[drafting is not None]  # the masks' argmax or the sampler head's
         self.chain.cut = False  # a tree's chain is never cut by confidence
         seen = Seen(masks[1:], n + 1, nxt[-1], drafting)
         parts = [nxt.double(), *self.chain.values(seen), *self.tree_branches.values(seen)]

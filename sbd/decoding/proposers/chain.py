@@ -1,6 +1,7 @@
 """The masks' chain: the next draft read from the masks a verifying forward fed behind its draft (their
-argmax, each token with its drafting probability when the chain is to be cut by confidence, or the
-sampler head's re-ranking, `head`), and what is left of a refused draft for the forward after it."""
+argmax, each token with its drafting probability when the chain is to be cut by confidence), and what is
+left of a refused draft for the forward after it. The sampler head's re-ranking of the same masks is its
+own drafter (`head.HeadChain`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from typing import Sequence
 
 import torch
 
-from . import head
 from .base import Seen
 
 
@@ -21,47 +21,35 @@ def masks_top(logits: torch.Tensor, probs: bool):
 
 
 class MaskChain:
-    """One row's or request's chain of the masks (a `Drafter`): `values` on the device, `propose` on the
-    host. Between them it remembers how the values are laid out (m tokens; the head's table;
-    probabilities). cut: send each token's drafting probability too, for a chain cut where the drafter is
-    unsure (`DraftPolicy.confident`); they are in `probs` after `propose`."""
+    """One row's or request's chain of the masks' argmax (a `Drafter`): `values` on the device, `propose` on
+    the host. Between them it remembers how the values are laid out (m tokens, with probabilities or not).
+    cut: send each token's drafting probability too, for a chain cut where the drafter is unsure
+    (`DraftPolicy.confident`); they are in `probs` after `propose`."""
 
     source = "masks"
 
     def __init__(self):
         self.m = 0  # tokens in the last chain asked for
-        self.table = 0  # values the sampler head's table took (0: the masks' argmax)
         self.cut = False  # send each token's drafting probability with the next `values`
         self.sends_probs = False  # the last `values` sent them
         self.probs: list[float] | None = None  # those probabilities, read with the chain
 
     @property
     def width(self) -> int:
-        """Values the chain takes among a row's values (the head's table, else one per token, two with probs)."""
-        return self.table or self.m * (2 if self.sends_probs else 1)
+        """Values the chain takes among a row's values (one per token, two with probs)."""
+        return self.m * (2 if self.sends_probs else 1)
 
     def values(self, seen: Seen) -> list[torch.Tensor]:
-        """The chain from `seen.masks` (the masks' logits for its places): their argmax, or the head's table
-        when `seen.drafting` holds a `sbd.decoding.proposers.head.Drafting`."""
-        masks = seen.masks
-        self.table, self.m = 0, masks.shape[0]
-        self.sends_probs = probs = self.cut and self.m > 0
-        if seen.drafting is None or self.m == 0:
-            tokens, p = masks_top(masks, probs)
-            return [tokens.double()] if p is None else [tokens.double(), p.double()]
-        table = head.values(seen.drafting, masks, seen.at, seen.first, probs)
-        self.table = table.numel()
-        return [table]
+        """The chain from `seen.masks` (the masks' logits for its places): their argmax."""
+        self.m = seen.masks.shape[0]
+        self.sends_probs = self.cut and self.m > 0
+        tokens, p = masks_top(seen.masks, self.sends_probs)
+        return [tokens.double()] if p is None else [tokens.double(), p.double()]
 
     def propose(self, values: Sequence[float], seen: Seen | None = None) -> list[int]:
         """The chain from the values `values` produced (they lead `values`); its tokens' probabilities,
         when they were sent, go to `probs`."""
         m, self.probs = self.m, None
-        if self.table:
-            if not self.sends_probs:
-                return head.propose(values[: self.table], m, False)
-            chain, self.probs = head.propose(values[: self.table], m, True)
-            return chain
         if self.sends_probs:
             self.probs = [float(v) for v in values[m : 2 * m]]
         return [int(v) for v in values[:m]]

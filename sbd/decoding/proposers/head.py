@@ -1,16 +1,18 @@
-"""The sampler head's chain: each place re-ranked among the masks' top candidates given the token chosen
-before it. The device builds a table (`draft_table`, through `Drafting` for a verifying row); the host walks
-it (`walk`). The head itself (module, config, weights, training forward) is `sbd.drafters.sampler_head`;
-its decoding lives here, beside the other drafters."""
+"""The sampler head's chain (`HeadChain`, a `Drafter`): each place re-ranked among the masks' top candidates
+given the token chosen before it. The device builds a table (`draft_table`, through the verifying forward's
+`Drafting`); the host walks it (`walk`). The head itself (module, config, weights, training forward) is
+`sbd.drafters.sampler_head`; its decoding lives here, beside the other drafters."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 
 from ...drafters.sampler_head import SamplerHead
+from .base import Seen
 
 
 @dataclass
@@ -92,12 +94,37 @@ def walk(values, m: int, probs: bool = False):
     return (out, picked) if probs else out
 
 
-def values(drafting, masks: torch.Tensor, at: int, first: torch.Tensor, probs: bool) -> torch.Tensor:
-    """The head's table for the places whose masks' logits are `masks` (m, V), at the row's logit
-    positions at, at + 1, …; first: the token before them; probs: with each pick's probability."""
-    return drafting.table(masks, at, first, probs=probs).double()
+class HeadChain:
+    """One row's or request's chain of the sampler head (a `Drafter`, drafting from the masks like
+    `MaskChain`, hence its source): `values` builds the head's table on the device from `seen.drafting` (a
+    `Drafting`), `propose` walks it on the host. cut: send each pick's probability too, for a chain cut where
+    the head is unsure (`DraftPolicy.confident`); they are in `probs` after `propose`."""
 
+    source = "masks"
 
-def propose(table, m: int, probs: bool):
-    """The chain of m tokens the table encodes; with probs, (chain, each token's probability)."""
-    return walk(table, m, probs=probs)
+    def __init__(self):
+        self.m = 0  # tokens in the last chain asked for
+        self.width = 0  # values the last table took
+        self.cut = False
+        self.sends_probs = False
+        self.probs: list[float] | None = None
+
+    def values(self, seen: Seen) -> list[torch.Tensor]:
+        """The table for the places whose masks' logits are `seen.masks` (m, V), at the row's logit positions
+        seen.at, seen.at + 1, …, after the token `seen.first`."""
+        self.m = seen.masks.shape[0]
+        self.sends_probs = self.cut and self.m > 0
+        if self.m == 0:
+            self.width = 0
+            return []
+        table = seen.drafting.table(seen.masks, seen.at, seen.first, probs=self.sends_probs).double()
+        self.width = table.numel()
+        return [table]
+
+    def propose(self, values: Sequence[float], seen: Seen | None = None) -> list[int]:
+        """The chain the table encodes (it leads `values`); each token's probability, when sent, to `probs`."""
+        self.probs = None
+        if not self.sends_probs:
+            return walk(values[: self.width], self.m)
+        chain, self.probs = walk(values[: self.width], self.m, probs=True)
+        return chain

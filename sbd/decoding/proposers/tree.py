@@ -14,15 +14,15 @@ from .. import trees
 from .base import Seen
 
 
-def values(masks: torch.Tensor, depth: int, width: int) -> list[torch.Tensor]:
+def candidates(masks: torch.Tensor, depth: int, width: int) -> list[torch.Tensor]:
     """The masks' top `width` candidates and their log-probabilities at the first `depth` places."""
     top = torch.log_softmax(masks[:depth].float(), dim=-1).topk(width, dim=-1)
     return [top.indices.double().flatten(), top.values.double().flatten()]
 
 
-def propose(shape: Sequence[int], values, depth: int, width: int, mask_id: int,
-            extra: Sequence[Sequence[int]] = ()) -> list[list[int]]:
-    """The branches of a tree of widths `shape` from the candidates `values` lead with (as `values`
+def branches(shape: Sequence[int], values, depth: int, width: int, mask_id: int,
+             extra: Sequence[Sequence[int]] = ()) -> list[list[int]]:
+    """The branches of a tree of widths `shape` from the candidates `values` lead with (as `candidates`
     made them), plus `extra` chains (the masks' own beside a lookup draft). The mask token is no
     candidate (a tiny vocabulary can rank it)."""
     cand = [[int(v) for v in values[d * width : (d + 1) * width]] for d in range(depth)]
@@ -53,9 +53,9 @@ class TreeBranches:
         if not (self.depth and self.top):
             self.depth = self.top = 0
             return []
-        return values(masks, self.depth, self.top)
+        return candidates(masks, self.depth, self.top)
 
-    def propose(self, values_: Sequence[float], seen: Seen | None = None) -> list[list[int]]:
+    def propose(self, values: Sequence[float], seen: Seen | None = None) -> list[list[int]]:
         if not self.depth:
             return []
-        return propose(self.shape, values_, self.depth, self.top, self.mask_id)
+        return branches(self.shape, values, self.depth, self.top, self.mask_id)

@@ -1,6 +1,7 @@
 """The masks' chains the vLLM proposer drafts from: masks 2..k of a step's forward (kept by the model in its
-stash) give the next step's draft through each request's own `MaskChain` (`sbd.decoding.proposers.chain`,
-the drafter sbd's rows hold): the masks' argmax, or the sampler head's walk over their candidates."""
+stash) give the next step's draft through each request's own chain drafter, one sbd's rows hold too: the
+masks' argmax (`MaskChain`, `sbd.decoding.proposers.chain`) or the sampler head's walk over their
+candidates (`HeadChain`, `sbd.decoding.proposers.head`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from sbd.decoding.proposers.head import Drafting
 @torch.inference_mode()
 def mask_chains(model, head, stash, want: dict[int, object], sampled, req_ids, cut: bool):
     """({batch index: (chain, each token's drafting probability or None)}, whether the logits had to be
-    projected again) for the requests in `want` (index -> the request's `MaskChain`) whose step ran as
+    projected again) for the requests in `want` (index -> the request's chain drafter) whose step ran as
     drafted (the stash's segment is theirs and every draft token stood). cut: the chain will be cut by
     confidence (send the probabilities; a sampler head's chains are not). One host read for all."""
     keep = []

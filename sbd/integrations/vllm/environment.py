@@ -49,12 +49,18 @@ def check(venv: Path | None = None) -> Path:
                        "10 minutes)")
     probe = ("import importlib.metadata as m, vllm, sbd.integrations.vllm.plugin;"
              "eps = [e.value for e in m.entry_points(group='vllm.general_plugins')];"
-             "print(vllm.__version__, 'sbd.integrations.vllm.plugin:register' in eps)")
-    out = subprocess.run([str(python), "-c", probe], capture_output=True, text=True)
+             "print(vllm.__version__, 'sbd.integrations.vllm.plugin:register' in eps, sbd.__file__)")
+    # run outside any checkout: from the current folder a checkout's own sbd would import whatever is installed
+    out = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, cwd=venv)
     if out.returncode != 0:
         last = (out.stderr.strip().splitlines() or ["no output"])[-1]
-        raise SBDError(f"vLLM's environment {venv} is broken ({last}); remove it and run `sbd vllm-setup`")
-    version, registered = out.stdout.split()
+        raise SBDError(f"vLLM's environment {venv} is broken ({last}); run `sbd vllm-setup` (from this checkout) "
+                       "to install sbd's plug-in there again")
+    version, registered, where = out.stdout.split(maxsplit=2)
+    there, here = Path(where.strip()).resolve().parent, Path(__file__).resolve().parents[2]
+    if there != here:  # one environment, set up last from another checkout: its plug-in is not this code
+        raise SBDError(f"vLLM's environment {venv} runs sbd from {there.parent}, not from this checkout "
+                       f"({here.parent}): run `sbd vllm-setup` here (or set SBD_VLLM_VENV to an environment of its own)")
     if version not in SUPPORTED:
         raise SBDError(f"vLLM {version} in {venv} is not supported by this sbd (supported: {', '.join(SUPPORTED)}); "
                        "remove the folder and run `sbd vllm-setup`")

@@ -38,6 +38,7 @@ from sbd.decoding.defaults import from_record
 from sbd.decoding.draft_policy import DEFAULT_OPTIONS, LOOKUP_MAX, DraftOptions, DraftPolicy
 from sbd.decoding.proposers.base import Seen
 from sbd.decoding.proposers.chain import MaskChain
+from sbd.decoding.proposers.head import HeadChain
 from sbd.decoding.proposers.lookup import LookupIndex
 from sbd.decoding.width_cost import StepCost
 
@@ -47,15 +48,14 @@ from .runner import RunnerView, find_runner
 
 
 class _Req:
-    """A request: its drafting policy and drafters (those `VerifyRow` holds: the masks' chain, prompt
-    lookup's index over its tokens), where this step's draft came from ("masks", "lookup", None) and the
-    last step that saw it."""
+    """A request: its drafting policy and drafters (those `VerifyRow` holds: the masks' chain or the sampler
+    head's, prompt lookup's index over its tokens), its draft's source ("masks", "lookup", None), last step."""
 
     __slots__ = ("policy", "chain", "lookup", "source", "seen")
 
-    def __init__(self, masks: int, options: DraftOptions):
+    def __init__(self, masks: int, options: DraftOptions, head: bool):
         self.policy = DraftPolicy(masks, options)
-        self.chain = MaskChain()
+        self.chain = HeadChain() if head else MaskChain()
         self.lookup: LookupIndex | None = None  # made at the first lookup, over the tokens then
         self.source = None
         self.seen = 0
@@ -198,7 +198,7 @@ class SBDProposer:
             self.stats["tokens"] += len(sampled)
             r = self._reqs.get(req_ids[i])
             if r is None:
-                r = self._reqs[req_ids[i]] = _Req(self.masks, self.options)
+                r = self._reqs[req_ids[i]] = _Req(self.masks, self.options, self.head is not None)
             r.seen = self._step
             if self.adaptive:
                 self._record(r, specs[i], sampled)
