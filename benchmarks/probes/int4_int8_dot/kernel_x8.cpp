@@ -1,0 +1,88 @@
+// Probe, not shipped: int4 weights (groups of 32, w = d*q + m) times int8 activations (per row and block of 32)
+// with integer dot products, 8 output columns per 256-bit register (VNNI, else AVX2 maddubs). See bench.py.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+#include <cmath>
+
+// Weights in groups of 8 output columns: for column group g and block b (32 k), 128 bytes = 4 x 32: byte j of
+// part p holds, low nibble: k-quad 2p, high nibble: k-quad 2p+1, at column j/4, k = 4*kquad + j%4.
+// d, m: (N/8, K/32, 8) float32 (w = d*q + m). x: (M, K) float32. Returns (M, N) float32.
+static inline __m256i dot_u8s8(__m256i acc, __m256i u, __m256i s) {
+#if defined(__AVXVNNI__)
+  return _mm256_dpbusd_avx_epi32(acc, u, s);
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(acc, u, s);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+}
+
+template <int R>
+static void kernel(int64_t r0, int64_t g0, int64_t g1, int64_t K, int64_t N, const int8_t* xq, const float* dx,
+                   const float* sx, const uint8_t* wp, const float* dp, const float* mp, float* op) {
+  const int64_t B = K / 32;
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  for (int64_t g = g0; g < g1; ++g) {
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < B; ++b) {
+      const uint8_t* wb = wp + (g * B + b) * 128;
+      __m256i w[8];
+      for (int p = 0; p < 4; ++p) {
+        __m256i v = _mm256_loadu_si256((const __m256i*)(wb + 32 * p));
+        w[2 * p] = _mm256_and_si256(v, low);
+        w[2 * p + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+      }
+      const __m256 dv = _mm256_loadu_ps(dp + (g * B + b) * 8), mv = _mm256_loadu_ps(mp + (g * B + b) * 8);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const int32_t* xr = (const int32_t*)(xq + (r0 + r) * K + b * 32);
+        __m256i is = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int q = 0; q < 8; ++q) is = dot_u8s8(is, w[q], _mm256_set1_epi32(xr[q]));
+        const int64_t rb = (r0 + r) * B + b;
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_mul_ps(dv, _mm256_set1_ps(dx[rb])), acc[r]);
+        acc[r] = _mm256_fmadd_ps(mv, _mm256_set1_ps(sx[rb]), acc[r]);
+      }
+    }
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(op + (r0 + r) * N + g * 8, acc[r]);
+  }
+}
+
+torch::Tensor q4q8_mm(torch::Tensor x, torch::Tensor qw, torch::Tensor d, torch::Tensor m) {
+  const int64_t M = x.size(0), K = x.size(1), G = d.size(0), N = G * 8, B = K / 32;
+  auto xc = x.contiguous();
+  std::vector<int8_t> xq(M * K);
+  std::vector<float> dx(M * B), sx(M * B);
+  const float* xp = xc.data_ptr<float>();
+  for (int64_t r = 0; r < M; ++r)
+    for (int64_t b = 0; b < B; ++b) {
+      const float* v = xp + r * K + b * 32;
+      float amax = 0.f;
+      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(v[j]));
+      float s = amax / 127.f, inv = s > 0 ? 1.f / s : 0.f;
+      int sum = 0;
+      for (int j = 0; j < 32; ++j) {
+        int q = (int)std::nearbyint(v[j] * inv);
+        xq[r * K + b * 32 + j] = (int8_t)q;
+        sum += q;
+      }
+      dx[r * B + b] = s;
+      sx[r * B + b] = s * (float)sum;
+    }
+  auto out = torch::empty({M, N}, x.options());
+  float* op = out.data_ptr<float>();
+  const uint8_t* wp = qw.data_ptr<uint8_t>();
+  const float* dp = d.data_ptr<float>();
+  const float* mp = m.data_ptr<float>();
+  at::parallel_for(0, G, 4, [&](int64_t g0, int64_t g1) {
+    int64_t r0 = 0;
+    for (; r0 + 4 <= M; r0 += 4) kernel<4>(r0, g0, g1, K, N, xq.data(), dx.data(), sx.data(), wp, dp, mp, op);
+    for (; r0 + 2 <= M; r0 += 2) kernel<2>(r0, g0, g1, K, N, xq.data(), dx.data(), sx.data(), wp, dp, mp, op);
+    for (; r0 < M; r0 += 1) kernel<1>(r0, g0, g1, K, N, xq.data(), dx.data(), sx.data(), wp, dp, mp, op);
+  });
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, mod) { mod.def("q4q8_mm", &q4q8_mm); }
