@@ -36,10 +36,11 @@ def pack(w: torch.Tensor, columns: int):
     lo, hi = g.amin(-1), g.amax(-1)
     d = (hi - lo) / 15
     q = ((g - lo[..., None]) / d.clamp_min(1e-12)[..., None]).round().clamp(0, 15).to(torch.uint8)
-    deq = (q.float() * d[..., None] + lo[..., None]).view(N, K)
     regs = q.view(N // columns, columns, B, 8, 4).permute(0, 2, 3, 1, 4).reshape(N // columns, B, 8, 4 * columns)
     packed = (regs[:, :, 0::2] | (regs[:, :, 1::2] << 4)).contiguous()
-    layout = lambda t: t.view(N // columns, columns, B).permute(0, 2, 1).contiguous()  # noqa: E731
+    d, lo = d.half().float(), lo.half().float()  # float16 scale and minimum, as GGUF's Q4_1 keeps them
+    deq = (q.float() * d[..., None] + lo[..., None]).view(N, K)
+    layout = lambda t: t.view(N // columns, columns, B).permute(0, 2, 1).contiguous().half()  # noqa: E731
     return packed, layout(d), layout(lo), deq, q.view(N, K), d, lo
 
 
@@ -49,6 +50,8 @@ def main() -> None:
     ap.add_argument("--rows", default="1,2,4,8,16")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--layers", type=int, default=1,
+                    help="distinct layers' weights (30: a whole SmolLM2, 60 MB, as decoding reads them; 1: one layer, warm)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     started = time.time()
@@ -57,7 +60,7 @@ def main() -> None:
     print(f"build: {time.time() - started:.1f} s")
     gen = torch.Generator().manual_seed(0)
     layers = []
-    for K, N in SHAPES:
+    for K, N in SHAPES * args.layers:
         w = torch.randn(N, K, generator=gen) * 0.05
         packed, d, m, deq, q, d_rows, m_rows = pack(w, args.columns)
         # torch's int4 layout: w = (q - 8)·scale + zero, scales_and_zeros (K/32, N, 2) in bfloat16
@@ -65,7 +68,7 @@ def main() -> None:
         sz = torch.stack([d_rows.t(), (m_rows + 8 * d_rows).t()], -1).contiguous().to(torch.bfloat16)
         layers.append((K, packed, d, m, deq, tw, sz))
     rows = [int(r) for r in args.rows.split(",")]
-    xs = {(M, K): torch.randn(M, K, generator=gen) for M in rows + [8] for K, *_ in layers}
+    xs = {(M, K): torch.randn(M, K, generator=gen) for M in rows + [8] for K, *_ in layers[:len(SHAPES)]}
     K, packed, d, m, deq, tw, sz = layers[0]
     x = xs[(8, K)]
     ref = x @ deq.t()
@@ -89,7 +92,7 @@ def main() -> None:
         for _ in range(args.repeats):
             for kind in times:  # in turns
                 t = time.perf_counter()
-                for _ in range(30):
+                for _ in range(30 // args.layers):
                     run(kind, M)
                 times[kind].append((time.perf_counter() - t) * 1e3)
         a, b = statistics.median(times["ours"]), statistics.median(times["torch"])

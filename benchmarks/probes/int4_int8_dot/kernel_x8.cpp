@@ -7,7 +7,7 @@
 
 // Weights in groups of 8 output columns: for column group g and block b (32 k), 128 bytes = 4 x 32: byte j of
 // part p holds, low nibble: k-quad 2p, high nibble: k-quad 2p+1, at column j/4, k = 4*kquad + j%4.
-// d, m: (N/8, K/32, 8) float32 (w = d*q + m). x: (M, K) float32. Returns (M, N) float32.
+// d, m: (N/8, K/32, 8) float16, as a GGUF Q4_1 block keeps them (w = d*q + m). x: (M, K) float32. Returns (M, N) float32.
 static inline __m256i dot_u8s8(__m256i acc, __m256i u, __m256i s) {
 #if defined(__AVXVNNI__)
   return _mm256_dpbusd_avx_epi32(acc, u, s);
@@ -20,7 +20,7 @@ static inline __m256i dot_u8s8(__m256i acc, __m256i u, __m256i s) {
 
 template <int R>
 static void kernel(int64_t r0, int64_t g0, int64_t g1, int64_t K, int64_t N, const int8_t* xq, const float* dx,
-                   const float* sx, const uint8_t* wp, const float* dp, const float* mp, float* op) {
+                   const float* sx, const uint8_t* wp, const at::Half* dp, const at::Half* mp, float* op) {
   const int64_t B = K / 32;
   const __m256i low = _mm256_set1_epi8(0x0F);
   for (int64_t g = g0; g < g1; ++g) {
@@ -28,13 +28,18 @@ static void kernel(int64_t r0, int64_t g0, int64_t g1, int64_t K, int64_t N, con
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < B; ++b) {
       const uint8_t* wb = wp + (g * B + b) * 128;
+      _mm_prefetch((const char*)(wb + 4096), _MM_HINT_T0);  // the weights a few groups ahead
+      _mm_prefetch((const char*)(wb + 4096 + 64), _MM_HINT_T0);
+      _mm_prefetch((const char*)(dp + (g * B + b) * 8 + 512), _MM_HINT_T0);
+      _mm_prefetch((const char*)(mp + (g * B + b) * 8 + 512), _MM_HINT_T0);
       __m256i w[8];
       for (int p = 0; p < 4; ++p) {
         __m256i v = _mm256_loadu_si256((const __m256i*)(wb + 32 * p));
         w[2 * p] = _mm256_and_si256(v, low);
         w[2 * p + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
       }
-      const __m256 dv = _mm256_loadu_ps(dp + (g * B + b) * 8), mv = _mm256_loadu_ps(mp + (g * B + b) * 8);
+      const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(dp + (g * B + b) * 8)));
+      const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(mp + (g * B + b) * 8)));
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
         const int32_t* xr = (const int32_t*)(xq + (r0 + r) * K + b * 32);
@@ -74,8 +79,8 @@ torch::Tensor q4q8_mm(torch::Tensor x, torch::Tensor qw, torch::Tensor d, torch:
   auto out = torch::empty({M, N}, x.options());
   float* op = out.data_ptr<float>();
   const uint8_t* wp = qw.data_ptr<uint8_t>();
-  const float* dp = d.data_ptr<float>();
-  const float* mp = m.data_ptr<float>();
+  const at::Half* dp = d.data_ptr<at::Half>();
+  const at::Half* mp = m.data_ptr<at::Half>();
   at::parallel_for(0, G, 4, [&](int64_t g0, int64_t g1) {
     int64_t r0 = 0;
     for (; r0 + 4 <= M; r0 += 4) kernel<4>(r0, g0, g1, K, N, xq.data(), dx.data(), sx.data(), wp, dp, mp, op);
