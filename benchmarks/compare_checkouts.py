@@ -32,6 +32,8 @@ WORKLOADS = {
     # SmolLM2 with its shipped drafter: held-out GSM problems through the chat template, batch 1
     "smollm2": dict(model="smollm2", prompts="task:gsm_symbolic?split=test&n={n}&seed=0", n=6, max_new_tokens=128,
                     chat=True, batch=0),
+    # the same on the held-out mixed set of the vLLM benchmarks (HumanEval stubs and five reasoning-gym tasks)
+    "smollm2-mixed": dict(model="smollm2", prompts="mixed", n=6, max_new_tokens=128, chat=True, batch=0),
 }
 
 
@@ -42,6 +44,11 @@ def _prompts(w: dict) -> list:
         names = ("chain_sum", "number_sorting", "word_sequence_reversal")
         per = max(1, w["n"] // len(names))
         return [ex["prompt"] for t in names for ex in make_split(t, "test", per, 0)]
+    if w["prompts"] == "mixed":
+        sys.path.insert(0, str(HERE.parent / "vllm"))
+        from causal_masks import prompt_sets
+
+        return prompt_sets(w["n"])["mixed"]
     from sbd.tasks.prompts import load_prompts
 
     return load_prompts(w["prompts"].format(n=w["n"]))
