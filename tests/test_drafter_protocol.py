@@ -49,42 +49,43 @@ def test_every_drafter_implements_the_one_interface_in_its_own_file():
         assert drafter is None or isinstance(drafter.width, int)
 
 
-@pytest.mark.parametrize("cut", [False, True])
-def test_the_heads_chain_is_the_walk_of_its_table_and_the_masks_chain_their_argmax(cut):
+@pytest.fixture
+def headed():
+    """The shared tiny Llama with a random sampler head (taken off again afterwards)."""
     model = _model("llama")
     head = attach_random_head(model, seed=3, scale=3.0, top_k=4)
-    try:
-        rescored = 0
-        for hidden, logits in random_positions(model, 5, draws=8):
-            first = torch.tensor(7, device=model.device)
-            seen = Seen(logits, 0, first, Drafting(head, model, hidden))
-            chains = MaskChain(), HeadChain()
-            values = []
-            with torch.no_grad():
-                for chain in chains:
-                    chain.cut = cut
-                    values += torch.cat(chain.values(seen)).tolist() + [-1.0]  # another value between them
-                table = draft_table(head, model, hidden, logits, first, probs=cut).tolist()
-            masks, mine = chains[0].propose(values), chains[1].propose(values[chains[0].width + 1:])
-            assert masks == logits.argmax(-1).tolist()
-            want = walk(table, 5, probs=cut)
-            assert (mine, chains[1].probs) == (want if cut else (want, None))
-            assert (chains[0].probs is not None) == cut and chains[1].width == len(table)
-            rescored += mine != masks
-        assert rescored  # the random head re-ranked something: the two drafters are not the same
-    finally:
-        heads.detach(model)
+    yield model, head
+    heads.detach(model)
 
 
-def test_no_masks_no_chain():
-    model = _model("llama")
-    head = attach_random_head(model, seed=3, top_k=4)
-    try:
-        hidden, logits = next(random_positions(model, 0, draws=1))
-        seen = Seen(logits, 0, torch.tensor(7, device=model.device), Drafting(head, model, hidden))
-        for chain in (MaskChain(), HeadChain()):
-            chain.cut = True
-            values = chain.values(seen)
-            assert chain.width == sum(v.numel() for v in values) == 0 and chain.propose([]) == []
-    finally:
-        heads.detach(model)
+@pytest.mark.parametrize("cut", [False, True])
+def test_the_heads_chain_is_the_walk_of_its_table_and_the_masks_chain_their_argmax(headed, cut):
+    model, head = headed
+    rescored = 0
+    for hidden, logits in random_positions(model, 5, draws=8):
+        first = torch.tensor(7, device=model.device)
+        seen = Seen(logits, 0, first, Drafting(head, model, hidden))
+        chains = MaskChain(), HeadChain()
+        values = []
+        with torch.no_grad():
+            for chain in chains:
+                chain.cut = cut
+                values += torch.cat(chain.values(seen)).tolist() + [-1.0]  # another value between them
+            table = draft_table(head, model, hidden, logits, first, probs=cut).tolist()
+        masks, mine = chains[0].propose(values), chains[1].propose(values[chains[0].width + 1:])
+        assert masks == logits.argmax(-1).tolist()
+        want = walk(table, 5, probs=cut)
+        assert (mine, chains[1].probs) == (want if cut else (want, None))
+        assert (chains[0].probs is not None) == cut and chains[1].width == len(table)
+        rescored += mine != masks
+    assert rescored  # the random head re-ranked something: the two drafters are not the same
+
+
+def test_no_masks_no_chain(headed):
+    model, head = headed
+    hidden, logits = next(random_positions(model, 0, draws=1))
+    seen = Seen(logits, 0, torch.tensor(7, device=model.device), Drafting(head, model, hidden))
+    for chain in (MaskChain(), HeadChain()):
+        chain.cut = True
+        values = chain.values(seen)
+        assert chain.width == sum(v.numel() for v in values) == 0 and chain.propose([]) == []

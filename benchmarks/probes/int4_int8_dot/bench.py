@@ -55,8 +55,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     started = time.time()
-    ext = load(f"sbd_probe_q4q8_x{args.columns}", [str(Path(__file__).with_name(f"kernel_x{args.columns}.cpp"))],
-               extra_cflags=["-O3", "-march=native"])
+    ext = load(f"sbd_probe_int4_int8_x{args.columns}", [str(Path(__file__).with_name("kernel.cpp"))],
+               extra_cflags=["-O3", "-march=native", f"-DCOLUMNS={args.columns}"])
     print(f"build: {time.time() - started:.1f} s")
     gen = torch.Generator().manual_seed(0)
     layers = []

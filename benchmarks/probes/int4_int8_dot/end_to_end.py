@@ -85,7 +85,8 @@ def main() -> None:
     warnings.simplefilter("ignore")
     torch.set_num_threads(2)
     cols = columns()
-    ext = load(f"sbd_probe_q4q8_x{cols}", [str(HERE / f"kernel_x{cols}.cpp")], extra_cflags=["-O3", "-march=native"])
+    ext = load(f"sbd_probe_int4_int8_x{cols}", [str(HERE / "kernel.cpp")],
+               extra_cflags=["-O3", "-march=native", f"-DCOLUMNS={cols}"])
     fmodel, tok = sbd.load("smollm2")
     floats = {name: mod.weight.detach() for name, mod in fmodel.named_modules() if isinstance(mod, torch.nn.Linear)}
     torch_int4, _ = sbd.load("smollm2", weights="int4")
