@@ -1,4 +1,4 @@
-"""Would an int4 kernel with integer dot products make wide forwards cheap? A probe for issue 63, not shipped.
+"""Would an int4 kernel with integer dot products make wide forwards cheap? A probe, not shipped.
 
 torch's int4 CPU kernel (`_weight_int4pack_mm_for_cpu`, what `weights="int4"` runs) widens the weights to
 float and multiplies in float: on 2 cores each extra row of a forward costs ~1.6 ms over SmolLM2's 30 layers,

@@ -1,5 +1,5 @@
 """End to end: SmolLM2 + its drafter with the probe's integer-dot int4 kernel in place of torch's, against
-torch's int4 and llama.cpp, in turns prompt by prompt. A probe for issue 63, not shipped.
+torch's int4 and llama.cpp, in turns prompt by prompt. A probe, not shipped.
 
 Two int4 models are loaded; in the second every int4 layer's product (and the joint q|k|v and gate|up
 products) runs the probe's kernel on weights rounded from the float32 model as `QuantizedLinear` rounds
