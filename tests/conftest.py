@@ -23,6 +23,13 @@ DEVICE = torch.device(os.environ.get("SBD_TEST_DEVICE", "cpu"))
 if device_audit.ENABLED:
     device_audit.install()
 ARCHS = tiny.ARCHS
+if DEVICE.type == "cpu":  # built before the tests, so that quantized models run their native layers in every test
+    from sbd.decoding import native_layers
+
+    try:
+        native_layers.build()
+    except RuntimeError:
+        pass  # tests/test_native_layers.py says why
 LOGIT_SCALE = 150.0  # a mix of near-certain and uncertain positions: the EB rule has choices to make
 
 

@@ -33,6 +33,7 @@ import torch
 
 from ..drafters.adapter import adapter_of, gate_output, layer_keys
 from ..models.quantized import QuantizedLinear, joint_product
+from . import native_layers
 from .attention import StepLayout, attend
 
 FAMILIES = ("llama", "mistral", "qwen2")
@@ -116,6 +117,7 @@ class LlamaForward:
                                 (a.q_proj.out_features, a.k_proj.out_features, a.v_proj.out_features),
                                 (m.gate_proj.out_features, m.up_proj.out_features)))
         self.final_norm = _norm(self.inner.norm)
+        self.native = native_layers.bind(self)  # the decoder layers from C++ where they can run (else None)
 
     def foreign_hooks(self) -> bool:
         """Whether a decoder layer's module carries forward hooks other than the drafting adapter's (this
@@ -138,6 +140,10 @@ class LlamaForward:
         # one row, one start: the gated rows of each input are a slice, taken once for the layers sharing it
         rows = (gated and B == 1 and isinstance(start, int) and not torch.is_grad_enabled()
                 and self.adapter.mask_embedding.dtype == h.dtype)
+        if self.native is not None and (rows or not gated):
+            done = self.native(h, cos, sin, cache, layout, start if rows else -1, self.adapter.scaling if rows else 1.0)
+            if done is not None:
+                return self._head(done, logits_to_keep)
         gate = (lambda x: x.view(-1, x.shape[-1])[start:]) if rows else (lambda x: True) if gated else (lambda x: None)
         for i, (norm1, norm2, hd, scaling, act, (q, k, v, o, gate_p, up, down), (qkv, gu), qkv_sizes,
                 gu_sizes) in enumerate(self.layers):
@@ -162,6 +168,9 @@ class LlamaForward:
             yg, yu = _joint(gu, xq, gu_sizes)
             mid = act(self._linear(gate_p, x, xq, g, yg).to(h.dtype)) * self._linear(up, x, xq, g, yu)
             h = h + self._linear(down, mid, self._bf16(mid, down), gate(mid))
+        return self._head(h, logits_to_keep)
+
+    def _head(self, h: torch.Tensor, logits_to_keep: int) -> StepOutput:
         h = _rms_norm(self.final_norm, h[:, -logits_to_keep:])
         return StepOutput(self.model.get_output_embeddings()(h))
 

@@ -142,13 +142,24 @@ def joint_product(layers: tuple[QuantizedLinear, ...]):
         if scales is not None:
             q.scales = scales[at : at + q.out_features]
         at += q.out_features
-    if first.fmt == "int8":
-        product = lambda flat: torch._weight_int8pack_mm(flat, weight, scales)  # noqa: E731
-    else:
-        scale_zero, group = torch.cat([q.scale_zero for q in layers], 1).contiguous(), first.group
-        product = lambda flat: torch._weight_int4pack_mm_for_cpu(flat, weight, group, scale_zero)  # noqa: E731
+    if first.fmt == "int4":
+        scales = torch.cat([q.scale_zero for q in layers], 1).contiguous()
+    product = JointProduct(first.fmt, weight, scales, first.group)
     first.__dict__["_joint"] = ([t for q in layers for t in q._buffers.values()], product)
     return product
+
+
+class JointProduct:
+    """`joint_product`'s product: the joint weights with their kernel (a callable of the bfloat16 input);
+    sbd's native decoder layers read the tensors themselves (`sbd.decoding.native_layers`)."""
+
+    def __init__(self, fmt: str, weight: torch.Tensor, scales: torch.Tensor, group: int):
+        self.fmt, self.weight, self.scales, self.group = fmt, weight, scales, group
+
+    def __call__(self, flat: torch.Tensor) -> torch.Tensor:
+        if self.fmt == "int8":
+            return torch._weight_int8pack_mm(flat, self.weight, self.scales)
+        return torch._weight_int4pack_mm_for_cpu(flat, self.weight, self.group, self.scales)
 
 
 def _pack_int4(values: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,22 @@
+"""The decoder layers from C++ (`sbd.decoding.native_layers`) against the Python layers, in turns prompt by
+prompt: SmolLM2 + its drafter with quantized weights, NTP and sbd-verify with their defaults (8 prompts,
+twice, after a warm-up call each).
+
+    python benchmarks/probes/native_layers.py int4 chat      # or int8; chat or gsm
+"""
+
+from __future__ import annotations
+
+import sys
+
+import sbd.decoding.native_layers as native_layers
+from turns import patched_turns
+
+
+def main(fmt: str, which: str) -> None:
+    # read when a call's engine builds its forward
+    patched_turns(native_layers, "wanted", {"python": lambda: False, "native": lambda: True}, fmt, which)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])

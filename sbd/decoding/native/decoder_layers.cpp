@@ -1,0 +1,293 @@
+// The decoder layers of sbd's Llama forward (sbd/decoding/llama_forward.py), the same ATen operations in the
+// same order, called from C++: the bits are the Python forward's, without the Python between the operations.
+//
+// Why: a one-token forward of SmolLM2-135M with int4 weights makes ~2,000 small operations (norms, casts,
+// the rotation, views, cache writes); each costs ~1.4 us called from Python and ~0.7 us from C++, and the
+// Python around them as much again. See sbd/decoding/native_layers.py for what runs here and what does not.
+#include <torch/extension.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace {
+
+using at::Tensor;
+
+// One linear layer: its product (a float linear, torch's int8 or int4 weight-only kernel), its bias (added
+// after the product, in float) and the drafting adapter's update (A^T, B^T) when the adapter targets it.
+struct Linear {
+  int64_t kind = 0;  // 0 float (F.linear with its bias), 1 int8, 2 int4
+  Tensor weight, scales, bias, a_t, b_t;
+  int64_t group = 0;
+  bool has_bias = false, has_update = false;
+
+  Tensor product(const Tensor& flat) const {  // the quantized kernels: bfloat16 rows in, bfloat16 out
+    if (kind == 1) return at::_weight_int8pack_mm(flat, weight, scales);
+    return at::_weight_int4pack_mm_for_cpu(flat, weight, group, scales);
+  }
+};
+
+// Layers sharing an input in one kernel call (q, k, v; gate, up): the joint weights, or none.
+struct Joint {
+  bool present = false;
+  Linear product;
+  std::vector<int64_t> sizes;
+};
+
+struct Layer {
+  Tensor norm1, norm2;
+  double eps1 = 0, eps2 = 0, scaling = 1;
+  int64_t head_dim = 0;
+  Linear q, k, v, o, gate, up, down;
+  Joint qkv, gu;
+};
+
+struct Step {  // one forward's cache writes, attention plan and adapter gate
+  int64_t lo, hi, visible, write_from;  // write_from < 0: scatter at write_at
+  Tensor write_at;
+  std::string plan;
+  int64_t length, width;
+  bool causal_blocks;
+  Tensor mask;  // split/rows plans
+  std::vector<int64_t> rows;  // exact plan: (length, fed, committed, prefill) per row
+  int64_t gate_start;  // < 0: no block in this forward; else the block's first row of the flattened input
+  double adapter_scaling;
+};
+
+Tensor rms_norm(const Tensor& weight, double eps, const Tensor& x) {
+  if (x.scalar_type() == at::kFloat) return weight * (x * at::rsqrt(x.pow(2).mean({-1}, true) + eps));
+  Tensor h = x.to(at::kFloat);
+  h = h * at::rsqrt(h.pow(2).mean({-1}, true) + eps);
+  return weight * h.to(x.scalar_type());
+}
+
+Tensor sdpa(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+            const std::optional<Tensor>& mask = std::nullopt);
+
+Tensor folded(const Tensor& q, const Tensor& k, const Tensor& v, double scale) {
+  int64_t b = q.size(0), h = q.size(1), w = q.size(2), d = q.size(3);
+  int64_t groups = h / k.size(1);
+  if (groups == 1 || !q.is_cpu()) return sdpa(q, k, v, scale);
+  Tensor f = q.reshape({b, k.size(1), groups * w, d});
+  return at::scaled_dot_product_attention(f, k, v, std::nullopt, 0.0, false, scale, false).view({b, h, w, d});
+}
+
+Tensor sdpa(const Tensor& q, const Tensor& k, const Tensor& v, double scale, const std::optional<Tensor>& mask) {
+  bool gqa = q.size(1) != k.size(1);
+  if (gqa && !mask.has_value() && q.size(2) == 1 && q.is_cpu()) return folded(q, k, v, scale);
+  return at::scaled_dot_product_attention(q, k, v, mask, 0.0, false, scale, gqa);
+}
+
+Tensor lower_right(const Tensor& q, const Tensor& k, const Tensor& v, double scale) {
+  int64_t nq = q.size(2), s = k.size(2);
+  if (nq == 1) return sdpa(q, k, v, scale);
+  Tensor mask = at::ones({nq, s}, q.options().dtype(at::kBool)).tril(s - nq);
+  return sdpa(q, k, v, scale, mask);
+}
+
+using at::indexing::Slice;
+
+Tensor exact(const Tensor& q, const Tensor& k, const Tensor& v, const Step& st, double scale) {
+  int64_t width = q.size(2);
+  int64_t nrows = static_cast<int64_t>(st.rows.size()) / 4;
+  if (nrows == 1 && width == 1 && st.rows[1] == 1 && st.rows[2] == 1) {
+    int64_t end = st.rows[0] + 1;
+    return sdpa(q, k.index({Slice(), Slice(), Slice(0, end)}), v.index({Slice(), Slice(), Slice(0, end)}), scale);
+  }
+  Tensor out = at::zeros_like(q);
+  for (int64_t b = 0; b < nrows; ++b) {
+    int64_t length = st.rows[4 * b], n = st.rows[4 * b + 1], c = st.rows[4 * b + 2];
+    bool prefill = st.rows[4 * b + 3] != 0;
+    int64_t first = width - n;
+    Tensor qb = q.slice(0, b, b + 1), kb = k.slice(0, b, b + 1), vb = v.slice(0, b, b + 1);
+    if (prefill && c) {
+      int64_t end = length + c;
+      out.slice(0, b, b + 1).slice(2, first, first + c).copy_(
+          lower_right(qb.slice(2, first, first + c), kb.slice(2, 0, end), vb.slice(2, 0, end), scale));
+    } else {
+      for (int64_t t = 0; t < c; ++t) {
+        int64_t end = length + t + 1, col = first + t;
+        out.slice(0, b, b + 1).slice(2, col, col + 1).copy_(
+            sdpa(qb.slice(2, col, col + 1), kb.slice(2, 0, end), vb.slice(2, 0, end), scale));
+      }
+    }
+    if (c < n) {
+      int64_t end = length + n;
+      Tensor block = qb.slice(2, first + c);
+      Tensor kk = kb.slice(2, 0, end), vv = vb.slice(2, 0, end);
+      out.slice(0, b, b + 1).slice(2, first + c).copy_(st.causal_blocks ? lower_right(block, kk, vv, scale)
+                                                                         : folded(block, kk, vv, scale));
+    }
+  }
+  return out;
+}
+
+Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, const Step& st, double scale) {
+  if (st.plan == "exact") return exact(q, k, v, st, scale);
+  if (st.plan == "rows") return sdpa(q, k, v, scale, st.mask);
+  int64_t end = st.length + st.width;
+  TORCH_CHECK(k.size(2) >= end, "the cache holds ", k.size(2), " positions, the layout needs ", end);
+  Tensor kk = k.slice(2, 0, end), vv = v.slice(2, 0, end);
+  if (st.plan == "open") return sdpa(q, kk, vv, scale);
+  TORCH_CHECK(st.mask.defined(), "the split plan runs here under its shared mask only");
+  return sdpa(q, kk, vv, scale, st.mask);
+}
+
+// The layer's output for x (B, W, in): a quantized layer's stays bfloat16 unless the adapter adds to it
+// (llama_forward.LlamaForward._linear, "rows" gate or none).
+Tensor linear(const Linear& lin, const Tensor& x, const Tensor& xq, const Tensor& g, const Step& st,
+              const Tensor& joint) {
+  Tensor y;
+  if (lin.kind != 0) {
+    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
+    shape.push_back(-1);
+    y = (joint.defined() ? joint : lin.product(xq)).view(shape);
+    if (lin.has_bias) y = y + lin.bias;
+  } else {
+    y = at::linear(x, lin.weight, lin.has_bias ? std::optional<Tensor>(lin.bias) : std::nullopt);
+  }
+  if (!g.defined() || !lin.has_update) return y;
+  y = y.to(x.scalar_type());
+  Tensor flat = y.view({-1, y.size(-1)});
+  flat.slice(0, flat.size(0) - g.size(0)).addmm_(at::mm(g, lin.a_t), lin.b_t, 1, st.adapter_scaling);
+  return y;
+}
+
+Tensor bf16(const Tensor& x, const Linear& lin) {
+  if (lin.kind == 0) return Tensor();
+  return x.reshape({-1, x.size(-1)}).to(at::kBFloat16);
+}
+
+Tensor gated(const Tensor& x, const Step& st) {
+  if (st.gate_start < 0) return Tensor();
+  return x.view({-1, x.size(-1)}).slice(0, st.gate_start);
+}
+
+class DecoderLayers {
+ public:
+  void add_layer(Tensor norm1, double eps1, Tensor norm2, double eps2, int64_t head_dim, double scaling,
+                 std::vector<py::tuple> linears, py::object qkv, py::object gu) {
+    Layer l;
+    l.norm1 = norm1, l.eps1 = eps1, l.norm2 = norm2, l.eps2 = eps2, l.head_dim = head_dim, l.scaling = scaling;
+    TORCH_CHECK(linears.size() == 7, "a layer has 7 linear layers");
+    Linear* slots[7] = {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down};
+    for (int i = 0; i < 7; ++i) *slots[i] = to_linear(linears[i]);
+    l.qkv = to_joint(qkv);
+    l.gu = to_joint(gu);
+    layers_.push_back(std::move(l));
+  }
+
+  Tensor forward(Tensor h, const Tensor& cos, const Tensor& sin, const std::vector<Tensor>& keys,
+                 const std::vector<Tensor>& values, int64_t lo, int64_t hi, int64_t visible, int64_t write_from,
+                 const std::optional<Tensor>& write_at, const std::string& plan, int64_t length, int64_t width,
+                 bool causal_blocks, const std::optional<Tensor>& mask, std::vector<int64_t> rows,
+                 int64_t gate_start, double adapter_scaling) {
+    py::gil_scoped_release unlocked;
+    Step st{lo, hi, visible, write_from, write_at.value_or(Tensor()), plan, length, width, causal_blocks,
+            mask.value_or(Tensor()), std::move(rows), gate_start, adapter_scaling};
+    int64_t B = h.size(0), W = h.size(1);
+    int64_t half = cos.size(-1) / 2;
+    auto dtype = h.scalar_type();
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const Layer& L = layers_[i];
+      int64_t hd = L.head_dim;
+      Tensor x = rms_norm(L.norm1, L.eps1, h);
+      Tensor xq = bf16(x, L.q), g = gated(x, st);
+      Tensor qs, ks, vs;
+      if (L.qkv.present) {
+        const auto& sz = L.qkv.sizes;
+        Tensor y = L.qkv.product.product(xq).to(dtype);
+        auto parts = y.split_with_sizes(sz, -1);
+        const Linear* own[3] = {&L.q, &L.k, &L.v};
+        for (int j = 0; j < 3; ++j) {
+          if (own[j]->has_bias) parts[j].add_(own[j]->bias);
+          if (!g.defined() || !own[j]->has_update) continue;
+          parts[j].slice(0, parts[j].size(0) - g.size(0))
+              .addmm_(at::mm(g, own[j]->a_t), own[j]->b_t, 1, st.adapter_scaling);
+        }
+        Tensor qk = y.slice(1, 0, sz[0] + sz[1]).view({B, W, -1, hd}).transpose(1, 2);
+        vs = y.slice(1, sz[0] + sz[1]).view({B, W, -1, hd}).transpose(1, 2);
+        qk = qk * cos + qk.roll({half}, {-1}) * sin;
+        qs = qk.slice(1, 0, sz[0] / hd);
+        ks = qk.slice(1, sz[0] / hd);
+      } else {
+        Tensor none;
+        qs = linear(L.q, x, xq, g, st, none).view({B, W, -1, hd}).transpose(1, 2).to(dtype);
+        ks = linear(L.k, x, xq, g, st, none).view({B, W, -1, hd}).transpose(1, 2).to(dtype);
+        vs = linear(L.v, x, xq, g, st, none).view({B, W, -1, hd}).transpose(1, 2).to(dtype);
+        qs = qs * cos + qs.roll({half}, {-1}) * sin;
+        ks = ks * cos + ks.roll({half}, {-1}) * sin;
+      }
+      // the slot cache's write (sbd/decoding/cache.py, SlotLayer.update)
+      Tensor kc = keys[i].slice(0, st.lo, st.hi), vc = values[i].slice(0, st.lo, st.hi);
+      if (st.write_from >= 0) {
+        kc.slice(2, st.write_from, st.write_from + ks.size(2)).copy_(ks);
+        vc.slice(2, st.write_from, st.write_from + vs.size(2)).copy_(vs);
+      } else {
+        Tensor at_ = st.write_at.unsqueeze(1).unsqueeze(3);
+        kc.scatter_(2, at_.expand_as(ks), ks);
+        vc.scatter_(2, at_.expand({-1, vs.size(1), -1, vs.size(-1)}), vs);
+      }
+      kc = kc.slice(2, 0, st.visible);
+      vc = vc.slice(2, 0, st.visible);
+      Tensor att = attend(qs, kc, vc, st, L.scaling).transpose(1, 2).reshape({B, W, -1});
+      Tensor none;
+      h = h + linear(L.o, att, bf16(att, L.o), gated(att, st), st, none);
+      x = rms_norm(L.norm2, L.eps2, h);
+      xq = bf16(x, L.gate);
+      g = gated(x, st);
+      Tensor yg, yu;
+      if (L.gu.present) {
+        auto parts = L.gu.product.product(xq).split_with_sizes(L.gu.sizes, -1);
+        yg = parts[0], yu = parts[1];
+      }
+      Tensor mid = at::silu(linear(L.gate, x, xq, g, st, yg).to(dtype)) * linear(L.up, x, xq, g, st, yu);
+      h = h + linear(L.down, mid, bf16(mid, L.down), gated(mid, st), st, none);
+    }
+    return h;
+  }
+
+  int64_t size() const { return static_cast<int64_t>(layers_.size()); }
+
+ private:
+  // (kind, weight, scales, group, bias or None, A^T or None, B^T or None)
+  static Linear to_linear(const py::tuple& t) {
+    Linear lin;
+    lin.kind = t[0].cast<int64_t>();
+    lin.weight = t[1].cast<Tensor>();
+    if (!t[2].is_none()) lin.scales = t[2].cast<Tensor>();
+    lin.group = t[3].cast<int64_t>();
+    lin.has_bias = !t[4].is_none();
+    if (lin.has_bias) lin.bias = t[4].cast<Tensor>();
+    lin.has_update = !t[5].is_none();
+    if (lin.has_update) lin.a_t = t[5].cast<Tensor>(), lin.b_t = t[6].cast<Tensor>();
+    return lin;
+  }
+
+  // None, or (kind, weight, scales, group, sizes)
+  static Joint to_joint(const py::object& o) {
+    Joint j;
+    if (o.is_none()) return j;
+    auto t = o.cast<py::tuple>();
+    j.present = true;
+    j.product.kind = t[0].cast<int64_t>();
+    j.product.weight = t[1].cast<Tensor>();
+    j.product.scales = t[2].cast<Tensor>();
+    j.product.group = t[3].cast<int64_t>();
+    j.sizes = t[4].cast<std::vector<int64_t>>();
+    return j;
+  }
+
+  std::vector<Layer> layers_;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  py::class_<DecoderLayers>(m, "DecoderLayers")
+      .def(py::init<>())
+      .def("add_layer", &DecoderLayers::add_layer)
+      .def("forward", &DecoderLayers::forward)
+      .def("__len__", &DecoderLayers::size);
+}

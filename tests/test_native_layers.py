@@ -1,0 +1,149 @@
+"""The decoder layers from C++ (`sbd.decoding.native_layers`) give the Python layers' logits bit for bit: every
+forward of a decoding (prefill, one-token steps, verifying forwards with the drafting adapter's gate, batched
+rows at different lengths, joint and separate products, biases), int8 and int4; the forward-cost timing's
+cache too; and where the extension cannot be built, the Python layers run after one line saying so."""
+
+import shutil
+
+import pytest
+import torch
+
+import sbd
+from conftest import DEVICE, _model, attach_random_adapter, blocks, random_prompts
+from sbd.decoding import native_layers
+from sbd.decoding.attention import uniform_plan
+from sbd.decoding.forward import ModelForward
+from sbd.models import quantized
+from sbd.models.slab import slab_cache
+
+pytestmark = pytest.mark.skipif(DEVICE.type != "cpu", reason="the native layers run on a CPU only")
+
+
+@pytest.fixture(scope="module")
+def built():
+    if shutil.which("c++") is None:
+        pytest.skip("no C++ compiler here: the native layers cannot be built (sbd runs the Python layers)")
+    return native_layers.build()
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """How many forwards the native layers ran, and how many they handed back to the Python layers."""
+    seen = {"native": 0, "python": 0}
+    call = native_layers.NativeLayers.__call__
+
+    def counting(self, *args, **kw):
+        out = call(self, *args, **kw)
+        seen["python" if out is None else "native"] += 1
+        return out
+
+    monkeypatch.setattr(native_layers.NativeLayers, "__call__", counting)
+    return seen
+
+
+def _records(model, prompts, native: bool, monkeypatch, **kw):
+    """(tokens, [(input ids, logits) of every forward]) of one generate call, native layers on or off."""
+    monkeypatch.setattr(native_layers, "wanted", lambda: native)
+    seen = []
+    out = sbd.generate(model, None, prompts, seed=0, eos_token_ids=[],
+                       observer=lambda r: seen.append((r.input_ids.clone(), r.logits.clone())), **kw)
+    return out.token_ids, seen
+
+
+def _same_forwards(model, prompts, monkeypatch, **kw):
+    want_tokens, want = _records(model, prompts, False, monkeypatch, **kw)
+    got_tokens, got = _records(model, prompts, True, monkeypatch, **kw)
+    assert got_tokens == want_tokens
+    assert len(got) == len(want) > 1
+    for (ids_g, lg), (ids_w, lw) in zip(got, want):
+        assert torch.equal(ids_g, ids_w)
+        assert torch.equal(lg, lw), (lg - lw).abs().max()
+
+
+def _quantized(arch: str, fmt: str, seed: int, **shape):
+    model = _model.__wrapped__(arch, seed=seed, **shape)
+    seeded = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # transformers starts biases at zero, where adding them would go unchecked
+        for m in model.modules():
+            if isinstance(m, torch.nn.Linear) and m.bias is not None:
+                m.bias.copy_(torch.randn(m.bias.shape, generator=seeded, device="cpu").to(m.bias.device))
+    attach_random_adapter(model, seed=seed)  # as `sbd.load` does: the adapter first, then the base quantized
+    quantized.quantize(model, fmt)
+    return model
+
+
+@pytest.mark.parametrize("joint", [False, True], ids=["own products", "joint products"])
+@pytest.mark.parametrize("fmt", quantized.FORMATS)
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_native_layers_give_the_python_layers_logits_bit_for_bit(built, counted, monkeypatch, arch, fmt, joint):
+    """qwen2 carries random biases; "joint products": head size 64, where int4 q, k, v (and gate, up) share
+    one kernel call; "own products": head size 16, where int4 layers keep a call each."""
+    shape = {"hidden": 128, "heads": 2, "kv_heads": 1} if joint else {}
+    model = _quantized(arch, fmt, 11, **shape)
+    a = model.model.layers[0].self_attn
+    assert (quantized.joint_product((a.q_proj, a.k_proj, a.v_proj)) is not None) == (joint or fmt == "int8")
+    for method, extra in (("ntp", {}), ("sbd-verify", {"draft": "block"}), ("sbd", {})):
+        for prompts in (random_prompts(3, 300, seed=12), random_prompts(1, 300, seed=13)):
+            _same_forwards(model, prompts, monkeypatch, method=method, max_new_tokens=12, **blocks(method, 4), **extra)
+    assert counted["native"] > 20  # the extension ran (the first forward fills the cache in Python)
+
+
+def test_sbd_verify_keeps_ntp_tokens_through_the_native_layers(built, counted):
+    model = _quantized("llama", "int4", 14, hidden=128, heads=2, kv_heads=1)
+    for prompts in (random_prompts(4, 300, seed=15), random_prompts(1, 300, seed=16)):
+        ntp = sbd.generate(model, None, prompts, method="ntp", max_new_tokens=16, eos_token_ids=[]).token_ids
+        verify = sbd.generate(model, None, prompts, method="sbd-verify", draft="block", block_size=4,
+                              max_new_tokens=16, eos_token_ids=[])
+        assert verify.token_ids == ntp
+    assert counted["native"] > 10
+
+
+def test_forward_cost_cache_runs_natively_with_the_same_logits(built, counted, monkeypatch):
+    """The one-length cache `sbd forward-cost` times with: the same writes and logits as the Python layers."""
+    model = _quantized("qwen2", "int4", 17, hidden=128, heads=2, kv_heads=1)
+    results = []
+    for native in (False, True):
+        monkeypatch.setattr(native_layers, "wanted", lambda: native)
+        lean = ModelForward(model).lean
+        cache = slab_cache(model, 40)
+        g = torch.Generator().manual_seed(18)
+        logits = []
+        with torch.inference_mode():
+            for width, commit in ((9, 9), (1, 1), (4, 0), (3, 1)):
+                ids = torch.randint(3, 300, (2, width), generator=g, device="cpu").to(DEVICE)
+                length = cache.layers[0].length
+                pos = (length + torch.arange(width, device=DEVICE))[None].expand(2, -1)
+                layout = uniform_plan(length, commit, width, False, False, DEVICE)
+                logits.append(lean(ids, pos, cache, layout, width).logits.clone())
+        results.append((logits, [c._k[:, :, : c.length].clone() for c in cache.layers], cache.layers[0].length))
+    (want, keys_w, n_w), (got, keys_g, n_g) = results
+    assert n_g == n_w == 17
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert all(torch.equal(a, b) for a, b in zip(keys_g, keys_w))
+    assert counted["native"] >= 3
+
+
+def test_without_a_compiler_the_python_layers_run_after_one_line(counted, monkeypatch, tmp_path, capsys):
+    model = _quantized("llama", "int8", 19)
+    prompts = random_prompts(2, 300, seed=20)
+    want = sbd.generate(model, None, prompts, method="ntp", max_new_tokens=8, eos_token_ids=[]).token_ids
+    counted.update(native=0, python=0)
+    monkeypatch.setattr(native_layers, "_MODULE", {})
+    monkeypatch.setattr(native_layers, "_WARNED", set())
+    monkeypatch.setenv("SBD_CACHE", str(tmp_path))
+    monkeypatch.setenv("CXX", "no-such-compiler-here")
+    with pytest.raises(RuntimeError, match="no C\\+\\+ compiler"):
+        native_layers.build()
+    for _ in range(2):
+        got = sbd.generate(model, None, prompts, method="ntp", max_new_tokens=8, eos_token_ids=[]).token_ids
+        assert got == want
+    err = capsys.readouterr().err
+    assert err.count("could not be built here (no C++ compiler ('no-such-compiler-here') on PATH)") == 1
+    assert counted["native"] == 0 and counted["python"] > 0
+    assert not list(tmp_path.rglob("*.so")) and not list(tmp_path.rglob("*.part"))
+
+
+def test_float_layers_and_the_switch_keep_the_python_layers():
+    model = _model.__wrapped__("llama", seed=21)
+    assert ModelForward(model).lean.native is None  # float32 layers: the Python layers
+    assert "not quantized" in native_layers.why_not(ModelForward(model).lean)
