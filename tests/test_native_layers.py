@@ -14,6 +14,7 @@ from sbd.decoding import native_layers
 from sbd.decoding.attention import uniform_plan
 from sbd.decoding.forward import ModelForward
 from sbd.models import quantized
+from sbd.models.narrow_linear import use_narrow_linear
 from sbd.models.slab import slab_cache
 
 pytestmark = pytest.mark.skipif(DEVICE.type != "cpu", reason="the native layers run on a CPU only")
@@ -88,6 +89,26 @@ def test_native_layers_give_the_python_layers_logits_bit_for_bit(built, counted,
     assert counted["native"] > 20  # the extension ran (the first forward fills the cache in Python)
 
 
+@pytest.mark.parametrize("narrow", [False, True], ids=["torch's layers", "narrow layers"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_native_layers_give_float_layers_logits_bit_for_bit(built, counted, monkeypatch, arch, narrow):
+    """float32 layers as loaded: torch's own, or sbd's narrow ones (W·xᵀ for few positions; one-token
+    forwards as two columns where the weights would stream from memory, forced on here)."""
+    model = _model.__wrapped__(arch, seed=22)
+    seeded = torch.Generator().manual_seed(23)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.Linear) and m.bias is not None:
+                m.bias.copy_(torch.randn(m.bias.shape, generator=seeded, device="cpu").to(m.bias.device))
+    attach_random_adapter(model, seed=24)
+    if narrow:
+        use_narrow_linear(model, True, widest=16, single=True)
+    for method, extra in (("ntp", {}), ("sbd-verify", {"draft": "block"}), ("sbd", {})):
+        for prompts in (random_prompts(3, 300, seed=25), random_prompts(1, 300, seed=26)):
+            _same_forwards(model, prompts, monkeypatch, method=method, max_new_tokens=12, **blocks(method, 4), **extra)
+    assert counted["native"] > 20
+
+
 def test_sbd_verify_keeps_ntp_tokens_through_the_native_layers(built, counted):
     model = _quantized("llama", "int4", 14, hidden=128, heads=2, kv_heads=1)
     for prompts in (random_prompts(4, 300, seed=15), random_prompts(1, 300, seed=16)):
@@ -143,7 +164,13 @@ def test_without_a_compiler_the_python_layers_run_after_one_line(counted, monkey
     assert not list(tmp_path.rglob("*.so")) and not list(tmp_path.rglob("*.part"))
 
 
-def test_float_layers_and_the_switch_keep_the_python_layers():
+def test_other_layers_and_the_switch_keep_the_python_layers(monkeypatch):
     model = _model.__wrapped__("llama", seed=21)
-    assert ModelForward(model).lean.native is None  # float32 layers: the Python layers
-    assert "not quantized" in native_layers.why_not(ModelForward(model).lean)
+    assert ModelForward(model).lean.native is not None
+    monkeypatch.setenv("SBD_NATIVE", "0")
+    assert ModelForward(model).lean.native is None
+    monkeypatch.delenv("SBD_NATIVE")
+    layer = model.model.layers[1].mlp.down_proj
+    layer.forward = lambda x: torch.nn.functional.linear(x, layer.weight)  # a forward of its own
+    assert "linear layers" in native_layers.why_not(ModelForward(model).lean)
+    assert ModelForward(model).lean.native is None

@@ -20,6 +20,10 @@ What it does differently, each exact:
 - the drafting adapter's gated update is added by the same function its hooks call (`gate_output`), only
   on the layers it targets and only in forwards that carry a block.
 
+With quantized weights on a CPU the decoder layers run from C++ (`sbd.decoding.native_layers`): the very
+operations below, in the same order, bit for bit, without the Python between them (NTP on SmolLM2 int4:
++30% tokens/s on a 2-core Xeon).
+
 Models: transformers' Llama, Mistral and Qwen2 (biases included) on routed attention
 (`sbd.decoding.attention`), without an active sliding window. Anything else, or a model with forward
 hooks of its own on the decoder layers, runs through transformers (`ModelForward.lean` says which).

@@ -7,17 +7,21 @@ calls `LlamaForward` makes, in the same order, so the logits are bit for bit the
 (tests/test_native_layers.py); the embedding, the rotary tables, the last norm and the output layer stay in
 Python (the drafting adapter's and the sampler head's hooks on them run).
 
-Where it runs: a CPU, every linear layer of the base model quantized (`weights="int8"/"int4"`, what makes a
-forward cheap enough for this overhead to matter), SiLU layers, the engine's slot cache and its attention
-plans, the drafting adapter's gate on one row's block (or none). Anything else runs the Python layers.
+Where it runs: a CPU; linear layers that are torch's own, sbd's narrow ones (`sbd.models.narrow_linear`) or
+quantized (`weights="int8"/"int4"`); SiLU activations; the engine's slot cache or the one-length cache of
+`sbd forward-cost`, with any attention plan a CPU takes; the drafting adapter's gate on one row's block (or
+no block). Anything else (rows with blocks at different places, other layers, a GPU) runs the Python layers.
 
-The extension is compiled once per machine with torch's C++ toolchain (`torch.utils.cpp_extension`: a C++
-compiler and ninja), ~30-60 s, into sbd's cache folder, and loaded from there afterwards. Where it cannot be
-built, sbd says so once and runs the Python layers: the same tokens, slower. `SBD_NATIVE=0` turns it off.
+The extension is compiled once per machine (one call of the C++ compiler, `c++` or $CXX, against torch's
+headers and libraries: ~30 s on 2 cores) into sbd's cache folder and loaded from there afterwards. The first
+process that wants it compiles it in the background while its forwards run the Python layers, so no call
+waits for the compiler. Where it cannot be built, sbd says so once and runs the Python layers: the same
+tokens, slower. `SBD_NATIVE=0` turns it off.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -31,6 +35,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..models.names import cache_dir
+from ..models.narrow_linear import NARROWEST, NarrowLinear
 from ..models.quantized import QuantizedLinear
 
 SOURCE = Path(__file__).resolve().parent / "native" / "decoder_layers.cpp"
@@ -41,11 +47,11 @@ _BUILDING: list[threading.Thread] = []  # the background build, once started
 
 
 def cache_folder() -> Path:
-    """Where the compiled extension is kept: sbd's cache folder (SBD_CACHE, else ~/.cache/sbd)."""
-    root = os.environ.get("SBD_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sbd"
-    return Path(root) / "native"
+    """Where the compiled extension is kept: sbd's cache folder ($SBD_CACHE, default ~/.cache/sbd)."""
+    return cache_dir() / "native"
 
 
+@functools.lru_cache(maxsize=1)
 def _name() -> str:
     """The extension's file name: the source and the torch it was built against (a change builds anew)."""
     digest = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + sys.version.encode()).hexdigest()
@@ -113,6 +119,8 @@ def ready():
     compiler. Raises RuntimeError where it cannot be built."""
     if "module" in _MODULE or "error" in _MODULE:
         return build()
+    if _BUILDING:  # started and not finished yet
+        return None
     if (cache_folder() / f"{_name()}.so").exists():
         return build()
     with _LOCK:
@@ -144,8 +152,9 @@ def why_not(lean) -> str | None:
     for layer in lean.inner.layers:
         a, m = layer.self_attn, layer.mlp
         lins = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
-        if not all(isinstance(lin, QuantizedLinear) for lin in lins):
-            return "its linear layers are not quantized"
+        if not all(type(lin) in (QuantizedLinear, nn.Linear, NarrowLinear) and "forward" not in lin.__dict__
+                   for lin in lins):
+            return "its linear layers are not torch's, sbd's narrow or quantized ones"
         if not _silu(m.act_fn):
             return "its activation is not SiLU"
     return None
@@ -158,12 +167,19 @@ def _silu(act) -> bool:
     return ours and "forward" not in act.__dict__
 
 
-def _linear(entry, lin: QuantizedLinear) -> tuple:
-    """(kind, weight, scales, group, bias, Aᵀ, Bᵀ) of one layer, as the extension takes it."""
-    _, _, bias, key, update = entry
-    scales = lin.scales if lin.fmt == "int8" else lin.scale_zero
+def _linear(entry, lin) -> tuple:
+    """(kind, weight, scales, group, bias, Aᵀ, Bᵀ, narrow lo, narrow hi) of one layer, as the extension takes
+    it: quantized layers by format, float ones as the forward `LlamaForward` bound (`entry`: a narrow
+    layer's choice of form as its own forward makes it)."""
+    _, quantized, _, key, update = entry
     a_t, b_t = update if update is not None else (None, None)
-    return KINDS[lin.fmt], lin.qweight, scales, lin.group, bias, a_t, b_t
+    if quantized:
+        scales = lin.scales if lin.fmt == "int8" else lin.scale_zero
+        return KINDS[lin.fmt], lin.qweight, scales, lin.group, lin.bias, a_t, b_t, 0, 0
+    if entry[0].__func__ is NarrowLinear.forward:
+        lo = 1 if lin.narrow_single else NARROWEST
+        return 3, lin.weight, None, 0, lin.bias, a_t, b_t, lo, lin.narrow_widest
+    return 0, lin.weight, None, 0, lin.bias, a_t, b_t, 0, 0
 
 
 def _joint(product, sizes) -> tuple | None:

@@ -6,6 +6,7 @@
 // Python around them as much again. See sbd/decoding/native_layers.py for what runs here and what does not.
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -17,9 +18,10 @@ using at::Tensor;
 // One linear layer: its product (a float linear, torch's int8 or int4 weight-only kernel), its bias (added
 // after the product, in float) and the drafting adapter's update (A^T, B^T) when the adapter targets it.
 struct Linear {
-  int64_t kind = 0;  // 0 float (F.linear with its bias), 1 int8, 2 int4
+  int64_t kind = 0;  // 0 float (F.linear with its bias), 1 int8, 2 int4, 3 float through the narrow path
   Tensor weight, scales, bias, a_t, b_t;
   int64_t group = 0;
+  int64_t narrow_lo = 2, narrow_hi = 0;  // kind 3: positions per forward that take the narrow path
   bool has_bias = false, has_update = false;
 
   Tensor product(const Tensor& flat) const {  // the quantized kernels: bfloat16 rows in, bfloat16 out
@@ -134,18 +136,41 @@ Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, const Step& st,
   return sdpa(q, kk, vv, scale, st.mask);
 }
 
+// sbd/models/narrow_linear.py, narrow_linear: F.linear(x, weight, bias) as weight . x^T for few positions.
+Tensor narrow_linear(const Tensor& x, const Linear& lin) {
+  constexpr int64_t pad = 8;
+  Tensor flat = x.reshape({-1, x.size(-1)});
+  int64_t m = flat.size(0);
+  int64_t cols = m > pad ? (m + pad - 1) / pad * pad : std::max<int64_t>(m, 2);
+  if (cols != m) flat = at::cat({flat, flat.new_zeros({cols - m, flat.size(1)})});
+  Tensor out = lin.has_bias ? at::addmm(lin.bias.unsqueeze(1), lin.weight, flat.t()) : at::matmul(lin.weight, flat.t());
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
+  shape.push_back(lin.weight.size(0));
+  return out.t().slice(0, 0, m).contiguous().reshape(shape);
+}
+
+// A float layer's own forward: nn.Linear's, or NarrowLinear's choice between the two forms.
+Tensor float_linear(const Tensor& x, const Linear& lin) {
+  if (lin.kind == 3) {
+    int64_t m = x.size(-1) ? x.numel() / x.size(-1) : 0;
+    if (lin.narrow_lo <= m && m <= lin.narrow_hi && x.is_cpu() && !at::GradMode::is_enabled())
+      return narrow_linear(x, lin);
+  }
+  return at::linear(x, lin.weight, lin.has_bias ? std::optional<Tensor>(lin.bias) : std::nullopt);
+}
+
 // The layer's output for x (B, W, in): a quantized layer's stays bfloat16 unless the adapter adds to it
 // (llama_forward.LlamaForward._linear, "rows" gate or none).
 Tensor linear(const Linear& lin, const Tensor& x, const Tensor& xq, const Tensor& g, const Step& st,
               const Tensor& joint) {
   Tensor y;
-  if (lin.kind != 0) {
+  if (lin.kind == 1 || lin.kind == 2) {
     std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
     shape.push_back(-1);
     y = (joint.defined() ? joint : lin.product(xq)).view(shape);
     if (lin.has_bias) y = y + lin.bias;
   } else {
-    y = at::linear(x, lin.weight, lin.has_bias ? std::optional<Tensor>(lin.bias) : std::nullopt);
+    y = float_linear(x, lin);
   }
   if (!g.defined() || !lin.has_update) return y;
   y = y.to(x.scalar_type());
@@ -155,7 +180,7 @@ Tensor linear(const Linear& lin, const Tensor& x, const Tensor& xq, const Tensor
 }
 
 Tensor bf16(const Tensor& x, const Linear& lin) {
-  if (lin.kind == 0) return Tensor();
+  if (lin.kind != 1 && lin.kind != 2) return Tensor();
   return x.reshape({-1, x.size(-1)}).to(at::kBFloat16);
 }
 
@@ -251,7 +276,7 @@ class DecoderLayers {
   int64_t size() const { return static_cast<int64_t>(layers_.size()); }
 
  private:
-  // (kind, weight, scales, group, bias or None, A^T or None, B^T or None)
+  // (kind, weight, scales, group, bias or None, A^T or None, B^T or None, narrow lo, narrow hi)
   static Linear to_linear(const py::tuple& t) {
     Linear lin;
     lin.kind = t[0].cast<int64_t>();
@@ -262,6 +287,7 @@ class DecoderLayers {
     if (lin.has_bias) lin.bias = t[4].cast<Tensor>();
     lin.has_update = !t[5].is_none();
     if (lin.has_update) lin.a_t = t[5].cast<Tensor>(), lin.b_t = t[6].cast<Tensor>();
+    lin.narrow_lo = t[7].cast<int64_t>(), lin.narrow_hi = t[8].cast<int64_t>();
     return lin;
   }
 
