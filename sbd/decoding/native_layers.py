@@ -133,6 +133,20 @@ def ready():
     return None
 
 
+def prepare() -> None:
+    """Build (or load) the extension now, for commands that time what they run (`sbd demo`, `sbd bench`,
+    `sbd forward-cost`) or serve: none of their calls should share the cores with the compiler. Where it
+    cannot be built, one line says so and the Python layers run."""
+    if not wanted():
+        return
+    try:
+        if "module" not in _MODULE and not (cache_folder() / f"{_name()}.so").exists():
+            print("sbd: compiling its native decoder layers (once per machine, about 30 s on 2 cores)", file=sys.stderr)
+        build()
+    except RuntimeError as err:
+        _warn(str(err))
+
+
 def _build_quietly() -> None:
     try:
         build()
