@@ -34,6 +34,11 @@ WORKLOADS = {
                     chat=True, batch=0),
     # the same on the held-out mixed set of the vLLM benchmarks (HumanEval stubs and five reasoning-gym tasks)
     "smollm2-mixed": dict(model="smollm2", prompts="mixed", n=6, max_new_tokens=128, chat=True, batch=0),
+    # the same two with int4 weights (`sbd.load(..., weights="int4")`)
+    "smollm2-int4": dict(model="smollm2", prompts="task:gsm_symbolic?split=test&n={n}&seed=0", n=6,
+                         max_new_tokens=128, chat=True, batch=0, weights="int4"),
+    "smollm2-int4-mixed": dict(model="smollm2", prompts="mixed", n=6, max_new_tokens=128, chat=True, batch=0,
+                               weights="int4"),
 }
 
 
@@ -62,7 +67,7 @@ def worker(name: str) -> dict:
 
     torch.set_num_threads(int(os.environ.get("SBD_THREADS", "2")))
     w = WORKLOADS[name]
-    model, tok = sbd.load(w["model"])
+    model, tok = sbd.load(w["model"], **({"weights": w["weights"]} if "weights" in w else {}))
     prompts = _prompts(w)
     kw = dict(max_new_tokens=w["max_new_tokens"], chat=w["chat"])
     sbd.generate(model, tok, prompts[:1], **{**kw, "max_new_tokens": 4})  # warm-up

@@ -11,12 +11,16 @@ import torch
 import sbd
 from conftest import DEVICE, _model, attach_random_adapter, blocks, random_prompts
 from sbd.decoding import native_layers
+from sbd.drafters.adapter import adapter_of
 from sbd.decoding.attention import uniform_plan
 from sbd.decoding.forward import ModelForward
 from sbd.models import quantized
 from sbd.models.narrow_linear import use_narrow_linear
 from sbd.models.slab import slab_cache
 
+# sbd-verify's own drafts (lengths per row: blocks at different columns) and whole blocks, plain SBD
+METHODS = (("ntp", {}), ("sbd-verify", {}), ("sbd-verify", {"draft": "block"}), ("sbd", {}))
+SAME_LENGTHS = random_prompts(2, 300, lengths=(7,), seed=27)  # rows whose blocks start at one column
 pytestmark = pytest.mark.skipif(DEVICE.type != "cpu", reason="the native layers run on a CPU only")
 
 
@@ -30,12 +34,14 @@ def built():
 @pytest.fixture
 def counted(monkeypatch):
     """How many forwards the native layers ran, and how many they handed back to the Python layers."""
-    seen = {"native": 0, "python": 0}
+    seen = {"native": 0, "python": 0, "gates": set()}  # gates: the gate forms the native layers ran
     call = native_layers.NativeLayers.__call__
 
-    def counting(self, *args, **kw):
-        out = call(self, *args, **kw)
+    def counting(self, h, cos, sin, cache, layout, gate_mode, *args):
+        out = call(self, h, cos, sin, cache, layout, gate_mode, *args)
         seen["python" if out is None else "native"] += 1
+        if out is not None:
+            seen["gates"].add(gate_mode)
         return out
 
     monkeypatch.setattr(native_layers.NativeLayers, "__call__", counting)
@@ -83,10 +89,11 @@ def test_native_layers_give_the_python_layers_logits_bit_for_bit(built, counted,
     model = _quantized(arch, fmt, 11, **shape)
     a = model.model.layers[0].self_attn
     assert (quantized.joint_product((a.q_proj, a.k_proj, a.v_proj)) is not None) == (joint or fmt == "int8")
-    for method, extra in (("ntp", {}), ("sbd-verify", {"draft": "block"}), ("sbd", {})):
-        for prompts in (random_prompts(3, 300, seed=12), random_prompts(1, 300, seed=13)):
+    for method, extra in METHODS:
+        for prompts in (random_prompts(3, 300, seed=12), random_prompts(1, 300, seed=13), SAME_LENGTHS):
             _same_forwards(model, prompts, monkeypatch, method=method, max_new_tokens=12, **blocks(method, 4), **extra)
     assert counted["native"] > 20  # the extension ran (the first forward fills the cache in Python)
+    assert counted["gates"] == {0, 1, 2}  # no block, one row's, every row's from one column (one per row: below)
 
 
 @pytest.mark.parametrize("narrow", [False, True], ids=["torch's layers", "narrow layers"])
@@ -103,10 +110,11 @@ def test_native_layers_give_float_layers_logits_bit_for_bit(built, counted, monk
     attach_random_adapter(model, seed=24)
     if narrow:
         use_narrow_linear(model, True, widest=16, single=True)
-    for method, extra in (("ntp", {}), ("sbd-verify", {"draft": "block"}), ("sbd", {})):
-        for prompts in (random_prompts(3, 300, seed=25), random_prompts(1, 300, seed=26)):
+    for method, extra in METHODS:
+        for prompts in (random_prompts(3, 300, seed=25), random_prompts(1, 300, seed=26), SAME_LENGTHS):
             _same_forwards(model, prompts, monkeypatch, method=method, max_new_tokens=12, **blocks(method, 4), **extra)
     assert counted["native"] > 20
+    assert counted["gates"] == {0, 1, 2}
 
 
 def test_sbd_verify_keeps_ntp_tokens_through_the_native_layers(built, counted):
@@ -119,9 +127,18 @@ def test_sbd_verify_keeps_ntp_tokens_through_the_native_layers(built, counted):
     assert counted["native"] > 10
 
 
-def test_forward_cost_cache_runs_natively_with_the_same_logits(built, counted, monkeypatch):
-    """The one-length cache `sbd forward-cost` times with: the same writes and logits as the Python layers."""
-    model = _quantized("qwen2", "int4", 17, hidden=128, heads=2, kv_heads=1)
+@pytest.mark.parametrize("fmt", ["float32", "int4"])
+def test_one_length_cache_and_every_gate_form_run_natively_with_the_same_logits(built, counted, monkeypatch, fmt):
+    """The one-length cache `sbd forward-cost` times with, and the adapter's gate in each form: the same cache
+    writes and logits as the Python layers. A block per row (a tensor of starts) comes from rows that draft
+    different lengths; here it is set directly."""
+    model = _quantized("qwen2", fmt, 17, hidden=128, heads=2, kv_heads=1) if fmt != "float32" else \
+        _model.__wrapped__("qwen2", seed=17)
+    if fmt == "float32":
+        attach_random_adapter(model, seed=17)
+    adapter = adapter_of(model)
+    steps = ((9, 9, None), (1, 1, None), (4, 0, 0), (3, 1, 1), (4, 1, torch.tensor([1, 4], device=DEVICE)),
+             (3, 3, torch.tensor([3, 1], device=DEVICE)))
     results = []
     for native in (False, True):
         monkeypatch.setattr(native_layers, "wanted", lambda: native)
@@ -130,18 +147,22 @@ def test_forward_cost_cache_runs_natively_with_the_same_logits(built, counted, m
         g = torch.Generator().manual_seed(18)
         logits = []
         with torch.inference_mode():
-            for width, commit in ((9, 9), (1, 1), (4, 0), (3, 1)):
+            for width, commit, start in steps:
                 ids = torch.randint(3, 300, (2, width), generator=g, device="cpu").to(DEVICE)
                 length = cache.layers[0].length
                 pos = (length + torch.arange(width, device=DEVICE))[None].expand(2, -1)
                 layout = uniform_plan(length, commit, width, False, False, DEVICE)
-                logits.append(lean(ids, pos, cache, layout, width).logits.clone())
+                adapter.start = start
+                try:
+                    logits.append(lean(ids, pos, cache, layout, width).logits.clone())
+                finally:
+                    adapter.start = None
         results.append((logits, [c._k[:, :, : c.length].clone() for c in cache.layers], cache.layers[0].length))
     (want, keys_w, n_w), (got, keys_g, n_g) = results
-    assert n_g == n_w == 17
+    assert n_g == n_w == sum(w for w, _, _ in steps)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert all(torch.equal(a, b) for a, b in zip(keys_g, keys_w))
-    assert counted["native"] >= 3
+    assert counted["native"] == len(steps) - 1 and counted["gates"] == {0, 2, 3}
 
 
 def test_without_a_compiler_the_python_layers_run_after_one_line(counted, monkeypatch, tmp_path, capsys):

@@ -144,8 +144,9 @@ class LlamaForward:
         # one row, one start: the gated rows of each input are a slice, taken once for the layers sharing it
         rows = (gated and B == 1 and isinstance(start, int) and not torch.is_grad_enabled()
                 and self.adapter.mask_embedding.dtype == h.dtype)
-        if self.native is not None and (rows or not gated):
-            done = self.native(h, cos, sin, cache, layout, start if rows else -1, self.adapter.scaling if rows else 1.0)
+        gate_form = self._gate_form(B, W, start, gated, rows, h) if self.native is not None else None
+        if gate_form is not None:
+            done = self.native(h, cos, sin, cache, layout, *gate_form)
             if done is not None:
                 return self._head(done, logits_to_keep)
         gate = (lambda x: x.view(-1, x.shape[-1])[start:]) if rows else (lambda x: True) if gated else (lambda x: None)
@@ -173,6 +174,21 @@ class LlamaForward:
             mid = act(self._linear(gate_p, x, xq, g, yg).to(h.dtype)) * self._linear(up, x, xq, g, yu)
             h = h + self._linear(down, mid, self._bf16(mid, down), gate(mid))
         return self._head(h, logits_to_keep)
+
+    def _gate_form(self, B: int, W: int, start, gated: bool, rows: bool, h: torch.Tensor) -> tuple | None:
+        """How the native layers apply the adapter's gate in this forward, as the Python layers would:
+        (mode, start, per-row gate, scale), mode 0 no block, 1 one row's block (`rows`), 2 every row's block
+        from one column (`gated_update`'s in-place form, rows > 1), 3 a block per row (its per-row form);
+        None where only the Python layers do it as they do (other dtypes, gradients)."""
+        if not gated:
+            return 0, -1, None, 1.0
+        scale = self.adapter.scaling
+        if rows:
+            return 1, start, None, scale
+        if isinstance(start, torch.Tensor):
+            return 3, -1, (torch.arange(W, device=h.device)[None] >= start[:, None]).to(h.dtype)[..., None], scale
+        same = next(iter(self.adapter.lora_A.values())).dtype == h.dtype
+        return (2, start, None, scale) if B > 1 and same and not torch.is_grad_enabled() else None
 
     def _head(self, h: torch.Tensor, logits_to_keep: int) -> StepOutput:
         h = _rms_norm(self.final_norm, h[:, -logits_to_keep:])

@@ -9,8 +9,8 @@ Python (the drafting adapter's and the sampler head's hooks on them run).
 
 Where it runs: a CPU; linear layers that are torch's own, sbd's narrow ones (`sbd.models.narrow_linear`) or
 quantized (`weights="int8"/"int4"`); SiLU activations; the engine's slot cache or the one-length cache of
-`sbd forward-cost`, with any attention plan a CPU takes; the drafting adapter's gate on one row's block (or
-no block). Anything else (rows with blocks at different places, other layers, a GPU) runs the Python layers.
+`sbd forward-cost`, with any attention plan a CPU takes; the drafting adapter's gate in every form a decoding
+forward takes. Anything else (other layers, a GPU, gradients) runs the Python layers.
 
 The extension is compiled once per machine (one call of the C++ compiler, `c++` or $CXX, against torch's
 headers and libraries: ~30 s on 2 cores) into sbd's cache folder and loaded from there afterwards. The first
@@ -232,8 +232,8 @@ class NativeLayers:
                 self.layers.add_layer(*args)
         return self.layers
 
-    def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, layout, gate_start: int,
-                 adapter_scaling: float) -> torch.Tensor | None:
+    def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, layout, gate_mode: int,
+                 gate_start: int, gate_per_row: torch.Tensor | None, adapter_scaling: float) -> torch.Tensor | None:
         """The hidden states after the decoder layers, or None where this forward's cache or plan is not one
         the extension runs (the caller then runs the Python layers)."""
         layers = self._bound()
@@ -256,7 +256,8 @@ class NativeLayers:
             return None
         out = layers.forward(h, cos, sin, [c._k for c in caches], [c._v for c in caches], lo, hi, visible,
                              -1 if wf is None else wf, None if wf is not None else write_at, plan, layout.length,
-                             layout.width, layout.causal_blocks, layout.mask, rows, gate_start, adapter_scaling)
+                             layout.width, layout.causal_blocks, layout.mask, rows, gate_mode, gate_start,
+                             gate_per_row, adapter_scaling)
         if not hasattr(first, "write_from"):
             for c in caches:
                 c.length = visible

@@ -53,7 +53,11 @@ struct Step {  // one forward's cache writes, attention plan and adapter gate
   bool causal_blocks;
   Tensor mask;  // split/rows plans
   std::vector<int64_t> rows;  // exact plan: (length, fed, committed, prefill) per row
-  int64_t gate_start;  // < 0: no block in this forward; else the block's first row of the flattened input
+  // the drafting adapter's gate (sbd/drafters/gated.py, as llama_forward.LlamaForward applies it): 0 no block
+  // in this forward; 1 one row, its block from column gate_start (one addmm on the flattened rows); 2 every
+  // row's block from column gate_start (baddbmm); 3 a block per row, gate_per_row (B, W, 1) 1 on its columns
+  int64_t gate_mode, gate_start;
+  Tensor gate_per_row;
   double adapter_scaling;
 };
 
@@ -159,10 +163,27 @@ Tensor float_linear(const Tensor& x, const Linear& lin) {
   return at::linear(x, lin.weight, lin.has_bias ? std::optional<Tensor>(lin.bias) : std::nullopt);
 }
 
+// out (B, W, n) with the adapter's gated update for input x, gate modes 2 and 3 (adapter.gate_output).
+Tensor gate_output(const Linear& lin, const Tensor& x, const Tensor& out, const Step& st) {
+  if (st.gate_mode == 3) {
+    auto dtype = x.scalar_type();
+    Tensor low_rank = at::matmul(at::matmul(x, lin.a_t.to(dtype)), lin.b_t.to(dtype));
+    return out + low_rank * st.adapter_scaling * st.gate_per_row;
+  }
+  Tensor block = out.slice(1, st.gate_start);
+  block.baddbmm_(at::matmul(x.slice(1, st.gate_start), lin.a_t), lin.b_t.expand({out.size(0), -1, -1}), 1,
+                 st.adapter_scaling);
+  return out;
+}
+
+// The gated rows of a layer's input in gate mode 1.
+Tensor gated(const Tensor& x, const Step& st) {
+  return x.view({-1, x.size(-1)}).slice(0, st.gate_start);
+}
+
 // The layer's output for x (B, W, in): a quantized layer's stays bfloat16 unless the adapter adds to it
-// (llama_forward.LlamaForward._linear, "rows" gate or none).
-Tensor linear(const Linear& lin, const Tensor& x, const Tensor& xq, const Tensor& g, const Step& st,
-              const Tensor& joint) {
+// (llama_forward.LlamaForward._linear).
+Tensor linear(const Linear& lin, const Tensor& x, const Tensor& xq, const Step& st, const Tensor& joint) {
   Tensor y;
   if (lin.kind == 1 || lin.kind == 2) {
     std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
@@ -172,8 +193,10 @@ Tensor linear(const Linear& lin, const Tensor& x, const Tensor& xq, const Tensor
   } else {
     y = float_linear(x, lin);
   }
-  if (!g.defined() || !lin.has_update) return y;
+  if (st.gate_mode == 0 || !lin.has_update) return y;
   y = y.to(x.scalar_type());
+  if (st.gate_mode != 1) return gate_output(lin, x, y, st);
+  Tensor g = gated(x, st);
   Tensor flat = y.view({-1, y.size(-1)});
   flat.slice(0, flat.size(0) - g.size(0)).addmm_(at::mm(g, lin.a_t), lin.b_t, 1, st.adapter_scaling);
   return y;
@@ -182,11 +205,6 @@ Tensor linear(const Linear& lin, const Tensor& x, const Tensor& xq, const Tensor
 Tensor bf16(const Tensor& x, const Linear& lin) {
   if (lin.kind != 1 && lin.kind != 2) return Tensor();
   return x.reshape({-1, x.size(-1)}).to(at::kBFloat16);
-}
-
-Tensor gated(const Tensor& x, const Step& st) {
-  if (st.gate_start < 0) return Tensor();
-  return x.view({-1, x.size(-1)}).slice(0, st.gate_start);
 }
 
 class DecoderLayers {
@@ -207,10 +225,12 @@ class DecoderLayers {
                  const std::vector<Tensor>& values, int64_t lo, int64_t hi, int64_t visible, int64_t write_from,
                  const std::optional<Tensor>& write_at, const std::string& plan, int64_t length, int64_t width,
                  bool causal_blocks, const std::optional<Tensor>& mask, std::vector<int64_t> rows,
-                 int64_t gate_start, double adapter_scaling) {
+                 int64_t gate_mode, int64_t gate_start, const std::optional<Tensor>& gate_per_row,
+                 double adapter_scaling) {
     py::gil_scoped_release unlocked;
     Step st{lo, hi, visible, write_from, write_at.value_or(Tensor()), plan, length, width, causal_blocks,
-            mask.value_or(Tensor()), std::move(rows), gate_start, adapter_scaling};
+            mask.value_or(Tensor()), std::move(rows), gate_mode, gate_start, gate_per_row.value_or(Tensor()),
+            adapter_scaling};
     int64_t B = h.size(0), W = h.size(1);
     int64_t half = cos.size(-1) / 2;
     auto dtype = h.scalar_type();
@@ -218,7 +238,7 @@ class DecoderLayers {
       const Layer& L = layers_[i];
       int64_t hd = L.head_dim;
       Tensor x = rms_norm(L.norm1, L.eps1, h);
-      Tensor xq = bf16(x, L.q), g = gated(x, st);
+      Tensor xq = bf16(x, L.q);
       Tensor qs, ks, vs;
       if (L.qkv.present) {
         const auto& sz = L.qkv.sizes;
@@ -227,9 +247,15 @@ class DecoderLayers {
         const Linear* own[3] = {&L.q, &L.k, &L.v};
         for (int j = 0; j < 3; ++j) {
           if (own[j]->has_bias) parts[j].add_(own[j]->bias);
-          if (!g.defined() || !own[j]->has_update) continue;
-          parts[j].slice(0, parts[j].size(0) - g.size(0))
-              .addmm_(at::mm(g, own[j]->a_t), own[j]->b_t, 1, st.adapter_scaling);
+          if (st.gate_mode == 0 || !own[j]->has_update) continue;
+          if (st.gate_mode == 1) {
+            Tensor g = gated(x, st);
+            parts[j].slice(0, parts[j].size(0) - g.size(0))
+                .addmm_(at::mm(g, own[j]->a_t), own[j]->b_t, 1, st.adapter_scaling);
+          } else {
+            Tensor part = parts[j].view({B, W, -1});
+            part.copy_(gate_output(*own[j], x, part, st));
+          }
         }
         Tensor qk = y.slice(1, 0, sz[0] + sz[1]).view({B, W, -1, hd}).transpose(1, 2);
         vs = y.slice(1, sz[0] + sz[1]).view({B, W, -1, hd}).transpose(1, 2);
@@ -238,9 +264,9 @@ class DecoderLayers {
         ks = qk.slice(1, sz[0] / hd);
       } else {
         Tensor none;
-        qs = linear(L.q, x, xq, g, st, none).view({B, W, -1, hd}).transpose(1, 2).to(dtype);
-        ks = linear(L.k, x, xq, g, st, none).view({B, W, -1, hd}).transpose(1, 2).to(dtype);
-        vs = linear(L.v, x, xq, g, st, none).view({B, W, -1, hd}).transpose(1, 2).to(dtype);
+        qs = linear(L.q, x, xq, st, none).view({B, W, -1, hd}).transpose(1, 2).to(dtype);
+        ks = linear(L.k, x, xq, st, none).view({B, W, -1, hd}).transpose(1, 2).to(dtype);
+        vs = linear(L.v, x, xq, st, none).view({B, W, -1, hd}).transpose(1, 2).to(dtype);
         qs = qs * cos + qs.roll({half}, {-1}) * sin;
         ks = ks * cos + ks.roll({half}, {-1}) * sin;
       }
@@ -258,17 +284,16 @@ class DecoderLayers {
       vc = vc.slice(2, 0, st.visible);
       Tensor att = attend(qs, kc, vc, st, L.scaling).transpose(1, 2).reshape({B, W, -1});
       Tensor none;
-      h = h + linear(L.o, att, bf16(att, L.o), gated(att, st), st, none);
+      h = h + linear(L.o, att, bf16(att, L.o), st, none);
       x = rms_norm(L.norm2, L.eps2, h);
       xq = bf16(x, L.gate);
-      g = gated(x, st);
       Tensor yg, yu;
       if (L.gu.present) {
         auto parts = L.gu.product.product(xq).split_with_sizes(L.gu.sizes, -1);
         yg = parts[0], yu = parts[1];
       }
-      Tensor mid = at::silu(linear(L.gate, x, xq, g, st, yg).to(dtype)) * linear(L.up, x, xq, g, st, yu);
-      h = h + linear(L.down, mid, bf16(mid, L.down), gated(mid, st), st, none);
+      Tensor mid = at::silu(linear(L.gate, x, xq, st, yg).to(dtype)) * linear(L.up, x, xq, st, yu);
+      h = h + linear(L.down, mid, bf16(mid, L.down), st, none);
     }
     return h;
   }
