@@ -10,7 +10,7 @@ import torch
 
 import sbd
 
-from conftest import attach_random_adapter, blocks, random_prompts
+from conftest import DEVICE, attach_random_adapter, blocks, random_prompts
 
 CASES = [("ntp", {}), ("sbd", {"gamma": 0.0}), ("sbd", {"gamma": 0.35}), ("sbd", {"gamma": math.inf}),
          ("sbd-verify", {}), ("sbd-verify", {"draft": "eb", "gamma": 0.35})]
@@ -67,11 +67,13 @@ def test_static_logits_equal_dynamic_logits(llama):
 
 @pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")),
                     reason="torch.compile on CPU needs a C++ compiler")
-def test_compiled_decoding_gives_the_same_tokens():
+def test_compiled_decoding_gives_the_same_tokens(monkeypatch):
     """compile=True (torch.compile over the static shapes) on a one-layer model: same tokens as eager,
-    and a second call reuses the compiled forwards (no recompilation for a new prompt)."""
+    and a second call reuses the compiled forwards (no recompilation for a new prompt). On a CPU with sbd's
+    C++ decoder layers compile=True is refused (slower than eager): switched off here."""
     from sbd.models import tiny
 
+    monkeypatch.setenv("SBD_NATIVE", "0")
     cfg = tiny.tiny_config("llama", vocab_size=64, hidden=32, layers=1, heads=2, kv_heads=1, context=256)
     model = tiny.random_model(cfg, seed=3, logit_scale=150.0)
     model.config.sbd_mask_token_id = 63
@@ -91,7 +93,7 @@ def test_compiled_decoding_gives_the_same_tokens():
 
 @pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")),
                     reason="torch.compile on CPU needs a C++ compiler")
-def test_compiled_decoding_with_a_drafting_adapter_and_rows_that_finish_apart():
+def test_compiled_decoding_with_a_drafting_adapter_and_rows_that_finish_apart(monkeypatch):
     """compile=True over a drafting adapter (its gate a per-row tensor in every fixed-shape forward) and a
     batch whose rows stop at different times (idle slots fill the batch up to a power of two): the same
     tokens, forwards and accepted drafts as eager (plain SBD's tokens depend on the adapter, so its hooks
@@ -99,6 +101,7 @@ def test_compiled_decoding_with_a_drafting_adapter_and_rows_that_finish_apart():
     from sbd.drafters import adapter as adapters
     from sbd.models import tiny
 
+    monkeypatch.setenv("SBD_NATIVE", "0")  # else refused on a CPU (below)
     cfg = tiny.tiny_config("llama", vocab_size=64, hidden=32, layers=1, heads=2, kv_heads=1, context=256)
     model = tiny.random_model(cfg, seed=3, logit_scale=150.0)
     model.config.sbd_mask_token_id = 63
@@ -121,3 +124,22 @@ def test_compiled_decoding_with_a_drafting_adapter_and_rows_that_finish_apart():
         assert graphs <= 2 * 3 * 2  # two methods, at most three widths and two batch buckets each
     finally:
         adapters.detach(model)
+
+
+def test_compile_is_refused_where_the_eager_forward_runs_native_layers(monkeypatch):
+    """A slow path is not a silent one: on a CPU sbd's eager forward runs its decoder layers from C++ and
+    beat the compiled step (SmolLM2: 0.75x eager), so compile=True is refused in one line saying so."""
+    from sbd.decoding import native_layers
+    from sbd.decoding.spec import SpecError
+    from sbd.models import tiny
+
+    cfg = tiny.tiny_config("llama", vocab_size=64, hidden=32, layers=1, heads=2, kv_heads=1, context=256)
+    model = tiny.random_model(cfg, seed=3, logit_scale=150.0).to(DEVICE)
+    monkeypatch.setattr(native_layers, "_MODULE", {})  # not known to be unbuildable
+    want = DEVICE.type == "cpu"
+    assert native_layers.would_run(model) == want
+    if want:
+        with pytest.raises(SpecError, match="runs slower than sbd's eager forward"):
+            sbd.generate(model, None, [[5, 6, 7]], method="ntp", max_new_tokens=4, compile=True)
+    monkeypatch.setenv("SBD_NATIVE", "0")
+    assert not native_layers.would_run(model)

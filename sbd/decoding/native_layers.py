@@ -161,9 +161,24 @@ def wanted() -> bool:
 
 def why_not(lean) -> str | None:
     """None when the native layers can run `lean`'s model (a `LlamaForward`), else why not (a phrase)."""
-    if lean.model.get_input_embeddings().weight.device.type != "cpu":
+    return _layers_why_not(lean.model)
+
+
+def would_run(model) -> bool:
+    """Whether sbd's eager forward of `model` runs its decoder layers from C++ (read from the model alone,
+    nothing built): its own Llama forward on routed attention, layers the extension takes, a CPU, the native
+    layers not switched off nor known to be unbuildable here. `DecodeSpec` refuses compile=True then."""
+    from . import llama_forward
+    from .attention import supports
+
+    return (wanted() and "error" not in _MODULE and supports(model) and llama_forward.supported(model) is None
+            and _layers_why_not(model) is None)
+
+
+def _layers_why_not(model) -> str | None:
+    if model.get_input_embeddings().weight.device.type != "cpu":
         return "the model is not on a CPU"
-    for layer in lean.inner.layers:
+    for layer in model.model.layers:
         a, m = layer.self_attn, layer.mlp
         lins = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
         if not all(type(lin) in (QuantizedLinear, nn.Linear, NarrowLinear) and "forward" not in lin.__dict__
