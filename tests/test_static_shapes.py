@@ -130,6 +130,7 @@ def test_compile_is_refused_where_the_eager_forward_runs_native_layers(monkeypat
     """A slow path is not a silent one: on a CPU sbd's eager forward runs its decoder layers from C++ and
     beat the compiled step (SmolLM2: 0.75x eager), so compile=True is refused in one line saying so."""
     from sbd.decoding import native_layers
+    from sbd.decoding.llama_forward import runs_natively
     from sbd.decoding.spec import SpecError
     from sbd.models import tiny
 
@@ -137,9 +138,9 @@ def test_compile_is_refused_where_the_eager_forward_runs_native_layers(monkeypat
     model = tiny.random_model(cfg, seed=3, logit_scale=150.0).to(DEVICE)
     monkeypatch.setattr(native_layers, "_MODULE", {})  # not known to be unbuildable
     want = DEVICE.type == "cpu"
-    assert native_layers.would_run(model) == want
+    assert runs_natively(model) == want
     if want:
         with pytest.raises(SpecError, match="runs slower than sbd's eager forward"):
             sbd.generate(model, None, [[5, 6, 7]], method="ntp", max_new_tokens=4, compile=True)
     monkeypatch.setenv("SBD_NATIVE", "0")
-    assert not native_layers.would_run(model)
+    assert not runs_natively(model)

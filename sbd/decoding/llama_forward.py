@@ -38,7 +38,7 @@ import torch
 from ..drafters.adapter import adapter_of, gate_output, layer_keys
 from ..models.quantized import QuantizedLinear, joint_product
 from . import native_layers
-from .attention import StepLayout, attend
+from .attention import StepLayout, attend, supports
 
 FAMILIES = ("llama", "mistral", "qwen2")
 
@@ -69,6 +69,13 @@ def supported(model) -> str | None:
                 any(not hasattr(m, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")):
             return "its modules are not laid out as transformers' Llama"
     return None
+
+
+def runs_natively(model) -> bool:
+    """Whether sbd's eager forward of `model` runs its decoder layers from C++: this forward on routed
+    attention, with layers the native extension takes (`native_layers.takes`). `DecodeSpec` refuses
+    compile=True then: the compiled step is the slower one."""
+    return supports(model) and supported(model) is None and native_layers.takes(model)
 
 
 def _norm(module) -> tuple[torch.Tensor, float]:

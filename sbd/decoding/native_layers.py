@@ -164,15 +164,10 @@ def why_not(lean) -> str | None:
     return _layers_why_not(lean.model)
 
 
-def would_run(model) -> bool:
-    """Whether sbd's eager forward of `model` runs its decoder layers from C++ (read from the model alone,
-    nothing built): its own Llama forward on routed attention, layers the extension takes, a CPU, the native
-    layers not switched off nor known to be unbuildable here. `DecodeSpec` refuses compile=True then."""
-    from . import llama_forward
-    from .attention import supports
-
-    return (wanted() and "error" not in _MODULE and supports(model) and llama_forward.supported(model) is None
-            and _layers_why_not(model) is None)
+def takes(model) -> bool:
+    """Whether the native layers would run a Llama-family `model` (read from the model alone, nothing built):
+    layers the extension takes, on a CPU, not switched off nor known to be unbuildable here."""
+    return wanted() and "error" not in _MODULE and _layers_why_not(model) is None
 
 
 def _layers_why_not(model) -> str | None:

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field, fields, replace
 from ..errors import SBDError
 from ..models.facts import ModelFacts
 from ..sampler import PROXIES
-from . import native_layers
 from .defaults import PLAIN, VerifySettings, model_defaults, tree_setting
 from .draft_policy import DraftOptions
+from .llama_forward import runs_natively
 from .processing import Processing
 from .trained_for import SPELLINGS, check_decoding
 
@@ -148,10 +148,10 @@ class DecodeSpec:
         spec = cls.build(ModelFacts.of(model), defaults=model_defaults(model) if defaults is None else defaults,
                          **given)
         check_decoding(model, spec.method, anchor=spec.anchor, interface=interface)
-        if spec.compile and native_layers.would_run(model):  # a slow path must not be a silent one
+        if spec.compile and runs_natively(model):  # a slow path must not be a silent one
             raise SpecError("compile", "{compile=True} runs slower than sbd's eager forward of this model on a CPU, "
-                                       "whose decoder layers run from C++ (SmolLM2-135M: 0.75x eager, and minutes "
-                                       "to compile); leave it out (SBD_NATIVE=0 switches the C++ layers off)")
+                                       "whose decoder layers run from C++ (SmolLM2-135M: 0.75-0.84x eager, and up to "
+                                       "minutes to compile); leave it out (SBD_NATIVE=0 switches the C++ layers off)")
         return spec
 
     @classmethod
