@@ -174,6 +174,8 @@ def test_without_a_compiler_the_python_layers_run_after_one_line(counted, monkey
     monkeypatch.setattr(native_layers, "_WARNED", set())
     monkeypatch.setenv("SBD_CACHE", str(tmp_path))
     monkeypatch.setenv("CXX", "no-such-compiler-here")
+    native_layers.prepare("cuda")  # nothing to build for a GPU: not even a try
+    assert native_layers._MODULE == {}
     with pytest.raises(RuntimeError, match="no C\\+\\+ compiler"):
         native_layers.build()
     for _ in range(2):

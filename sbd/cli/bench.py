@@ -109,7 +109,7 @@ def cmd_bench(args) -> dict:
         torch.set_num_threads(args.threads)
     if not args.shape:
         prompts, examples = _prompts(args)  # before loading: a bad prompt file fails at once
-    native_layers.prepare()  # compiled before anything is timed (once per machine)
+    native_layers.prepare(args.device)  # compiled before anything is timed (once per machine)
     model, tokenizer = model_from_args(args)
     if args.shape:
         g = torch.Generator().manual_seed(args.seed)

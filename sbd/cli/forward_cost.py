@@ -73,7 +73,7 @@ def cmd_forward_cost(args) -> dict:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    native_layers.prepare()  # compiled before anything is timed (once per machine)
+    native_layers.prepare(args.device)  # compiled before anything is timed (once per machine)
     model = model_from_args(args)[0]
     name = args.shape or str(args.model)
     widths = args.widths

@@ -133,11 +133,12 @@ def ready():
     return None
 
 
-def prepare() -> None:
+def prepare(device="cpu") -> None:
     """Build (or load) the extension now, for commands that time what they run (`sbd demo`, `sbd bench`,
-    `sbd forward-cost`) or serve: none of their calls should share the cores with the compiler. Where it
-    cannot be built, one line says so and the Python layers run."""
-    if not wanted():
+    `sbd forward-cost`) or serve, on `device`: none of their calls should share the cores with the compiler.
+    Nothing for a GPU (the layers run on a CPU only). Where it cannot be built, one line says so and the
+    Python layers run."""
+    if not wanted() or torch.device(device).type != "cpu":
         return
     try:
         if "module" not in _MODULE and not (cache_folder() / f"{_name()}.so").exists():
