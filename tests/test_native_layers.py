@@ -197,3 +197,21 @@ def test_other_layers_and_the_switch_keep_the_python_layers(monkeypatch):
     layer.forward = lambda x: torch.nn.functional.linear(x, layer.weight)  # a forward of its own
     assert "linear layers" in native_layers.why_not(ModelForward(model).lean)
     assert ModelForward(model).lean.native is None
+
+
+def test_a_first_use_compiles_in_the_background_while_the_python_layers_run(built, monkeypatch, tmp_path, capsys):
+    """A process that finds no compiled extension starts the compiler in a thread (at the lowest priority)
+    and its forwards run the Python layers meanwhile; the file appears whole (written, then renamed) and the
+    next forward takes it."""
+    monkeypatch.setattr(native_layers, "_MODULE", {})
+    monkeypatch.setattr(native_layers, "_BUILDING", [])
+    monkeypatch.setenv("SBD_CACHE", str(tmp_path))
+    loaded = []
+    monkeypatch.setattr(native_layers, "_load", lambda name, path: loaded.append(path) or "the module")
+    assert native_layers.ready() is None  # the compiler runs; the caller goes on with the Python layers
+    assert native_layers.ready() is None and len(native_layers._BUILDING) == 1  # one build, not two
+    native_layers._BUILDING[0].join(timeout=900)
+    assert native_layers.ready() == "the module"
+    assert [p.name for p in tmp_path.rglob("*.so")] == [f"{native_layers._name()}.so"]
+    assert not list(tmp_path.rglob("*.part")) and loaded == [tmp_path / "native" / f"{native_layers._name()}.so"]
+    assert capsys.readouterr().err.count("compiling its native decoder layers in the background") == 1

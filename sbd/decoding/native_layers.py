@@ -58,7 +58,7 @@ def _name() -> str:
     return f"sbd_decoder_layers_{digest[:12]}"
 
 
-def _compile(name: str, target: Path) -> None:
+def _compile(name: str, target: Path, background: bool = False) -> None:
     """Compile and link the extension into `target` with torch's headers and libraries (one compiler call);
     written under a temporary name and renamed, so a build cut short leaves nothing half-written and two
     processes building at once both end with a whole file."""
@@ -76,6 +76,8 @@ def _compile(name: str, target: Path) -> None:
            *(f"-isystem{p}" for p in includes), str(SOURCE), *(f"-L{p}" for p in libs),
            "-lc10", "-ltorch_cpu", "-ltorch", "-ltorch_python", "-o", str(part)]
     try:
+        if background and shutil.which("nice"):  # the lowest priority: the forwards it runs beside keep the cores
+            cmd = ["nice", "-n", "19", *cmd]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             error = next((line for line in done.stderr.splitlines() if "error" in line), done.stderr.strip()[-200:])
@@ -92,9 +94,10 @@ def _load(name: str, path: Path):
     return module
 
 
-def build():
+def build(background: bool = False):
     """The compiled extension, compiled here on first use (~30 s) and kept on disk for every later process;
-    raises RuntimeError with one line saying why it cannot be built or loaded here."""
+    raises RuntimeError with one line saying why it cannot be built or loaded here. background: the
+    compiler runs at the lowest priority (beside decoding)."""
     with _LOCK:
         if "module" in _MODULE:
             return _MODULE["module"]
@@ -104,7 +107,7 @@ def build():
         path = cache_folder() / f"{name}.so"
         try:
             if not path.exists():
-                _compile(name, path)
+                _compile(name, path, background)
             _MODULE["module"] = _load(name, path)
         except Exception as err:  # noqa: BLE001 (any failure to build or load means: the Python layers)
             first = next((line for line in str(err).splitlines() if line.strip()), type(err).__name__)
@@ -150,7 +153,7 @@ def prepare(device="cpu") -> None:
 
 def _build_quietly() -> None:
     try:
-        build()
+        build(background=True)
     except RuntimeError:
         pass  # kept in _MODULE["error"]: the next forward that asks says it
 
