@@ -195,7 +195,7 @@ def test_other_layers_and_the_switch_keep_the_python_layers(monkeypatch):
     monkeypatch.delenv("SBD_NATIVE")
     layer = model.model.layers[1].mlp.down_proj
     layer.forward = lambda x: torch.nn.functional.linear(x, layer.weight)  # a forward of its own
-    assert "linear layers" in native_layers.why_not(ModelForward(model).lean)
+    assert "linear layers" in native_layers.why_not(model)
     assert ModelForward(model).lean.native is None
 
 

@@ -163,18 +163,15 @@ def wanted() -> bool:
     return os.environ.get("SBD_NATIVE", "1") != "0"
 
 
-def why_not(lean) -> str | None:
-    """None when the native layers can run `lean`'s model (a `LlamaForward`), else why not (a phrase)."""
-    return _layers_why_not(lean.model)
-
-
 def takes(model) -> bool:
     """Whether the native layers would run a Llama-family `model` (read from the model alone, nothing built):
     layers the extension takes, on a CPU, not switched off nor known to be unbuildable here."""
-    return wanted() and "error" not in _MODULE and _layers_why_not(model) is None
+    return wanted() and "error" not in _MODULE and why_not(model) is None
 
 
-def _layers_why_not(model) -> str | None:
+def why_not(model) -> str | None:
+    """None when the native layers can run the decoder layers of `model` (a Llama-family model that
+    `LlamaForward` runs), else why not (a phrase)."""
     if model.get_input_embeddings().weight.device.type != "cpu":
         return "the model is not on a CPU"
     for layer in model.model.layers:
@@ -197,8 +194,8 @@ def _silu(act) -> bool:
 
 def _linear(entry, lin) -> tuple:
     """(kind, weight, scales, group, bias, Aᵀ, Bᵀ, narrow lo, narrow hi) of one layer, as the extension takes
-    it: quantized layers by format, float ones as the forward `LlamaForward` bound (`entry`: a narrow
-    layer's choice of form as its own forward makes it)."""
+    it: quantized layers by format; float ones by the forward `LlamaForward` bound (`entry`), a narrow
+    layer's with the positions it takes its narrow form at."""
     _, quantized, _, key, update = entry
     a_t, b_t = update if update is not None else (None, None)
     if quantized:
@@ -290,6 +287,6 @@ def _warn(error: str) -> None:
 
 def bind(lean) -> NativeLayers | None:
     """`lean`'s layers for the extension where they can run, else None (the Python layers)."""
-    if not wanted() or why_not(lean) is not None:
+    if not wanted() or why_not(lean.model) is not None:
         return None
     return NativeLayers(lean)

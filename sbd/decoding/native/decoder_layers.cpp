@@ -163,8 +163,20 @@ Tensor float_linear(const Tensor& x, const Linear& lin) {
   return at::linear(x, lin.weight, lin.has_bias ? std::optional<Tensor>(lin.bias) : std::nullopt);
 }
 
-// out (B, W, n) with the adapter's gated update for input x, gate modes 2 and 3 (adapter.gate_output).
-Tensor gate_output(const Linear& lin, const Tensor& x, const Tensor& out, const Step& st) {
+// The gated rows of a layer's input in gate mode 1.
+Tensor gated(const Tensor& x, const Step& st) {
+  return x.view({-1, x.size(-1)}).slice(0, st.gate_start);
+}
+
+// out (B, W, n), the layer's output for input x, with the adapter's gated update: in place (modes 1, 2:
+// LlamaForward's one-row slice, gated_update's in-place form) or a new tensor (mode 3: its per-row form).
+Tensor add_gated(const Linear& lin, const Tensor& x, const Tensor& out, const Step& st) {
+  if (st.gate_mode == 1) {
+    Tensor g = gated(x, st);
+    Tensor flat = out.view({-1, out.size(-1)});
+    flat.slice(0, flat.size(0) - g.size(0)).addmm_(at::mm(g, lin.a_t), lin.b_t, 1, st.adapter_scaling);
+    return out;
+  }
   if (st.gate_mode == 3) {
     auto dtype = x.scalar_type();
     Tensor low_rank = at::matmul(at::matmul(x, lin.a_t.to(dtype)), lin.b_t.to(dtype));
@@ -176,14 +188,9 @@ Tensor gate_output(const Linear& lin, const Tensor& x, const Tensor& out, const 
   return out;
 }
 
-// The gated rows of a layer's input in gate mode 1.
-Tensor gated(const Tensor& x, const Step& st) {
-  return x.view({-1, x.size(-1)}).slice(0, st.gate_start);
-}
-
 // The layer's output for x (B, W, in): a quantized layer's stays bfloat16 unless the adapter adds to it
 // (llama_forward.LlamaForward._linear).
-Tensor linear(const Linear& lin, const Tensor& x, const Tensor& xq, const Step& st, const Tensor& joint) {
+Tensor linear(const Linear& lin, const Tensor& x, const Tensor& xq, const Step& st, const Tensor& joint = Tensor()) {
   Tensor y;
   if (lin.kind == 1 || lin.kind == 2) {
     std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
@@ -194,12 +201,7 @@ Tensor linear(const Linear& lin, const Tensor& x, const Tensor& xq, const Step& 
     y = float_linear(x, lin);
   }
   if (st.gate_mode == 0 || !lin.has_update) return y;
-  y = y.to(x.scalar_type());
-  if (st.gate_mode != 1) return gate_output(lin, x, y, st);
-  Tensor g = gated(x, st);
-  Tensor flat = y.view({-1, y.size(-1)});
-  flat.slice(0, flat.size(0) - g.size(0)).addmm_(at::mm(g, lin.a_t), lin.b_t, 1, st.adapter_scaling);
-  return y;
+  return add_gated(lin, x, y.to(x.scalar_type()), st);
 }
 
 Tensor bf16(const Tensor& x, const Linear& lin) {
@@ -248,14 +250,8 @@ class DecoderLayers {
         for (int j = 0; j < 3; ++j) {
           if (own[j]->has_bias) parts[j].add_(own[j]->bias);
           if (st.gate_mode == 0 || !own[j]->has_update) continue;
-          if (st.gate_mode == 1) {
-            Tensor g = gated(x, st);
-            parts[j].slice(0, parts[j].size(0) - g.size(0))
-                .addmm_(at::mm(g, own[j]->a_t), own[j]->b_t, 1, st.adapter_scaling);
-          } else {
-            Tensor part = parts[j].view({B, W, -1});
-            part.copy_(gate_output(*own[j], x, part, st));
-          }
+          Tensor part = parts[j].view({B, W, -1});
+          part.copy_(add_gated(*own[j], x, part, st));  // in place already in modes 1 and 2 (a copy onto itself: none)
         }
         Tensor qk = y.slice(1, 0, sz[0] + sz[1]).view({B, W, -1, hd}).transpose(1, 2);
         vs = y.slice(1, sz[0] + sz[1]).view({B, W, -1, hd}).transpose(1, 2);
@@ -263,10 +259,9 @@ class DecoderLayers {
         qs = qk.slice(1, 0, sz[0] / hd);
         ks = qk.slice(1, sz[0] / hd);
       } else {
-        Tensor none;
-        qs = linear(L.q, x, xq, st, none).view({B, W, -1, hd}).transpose(1, 2).to(dtype);
-        ks = linear(L.k, x, xq, st, none).view({B, W, -1, hd}).transpose(1, 2).to(dtype);
-        vs = linear(L.v, x, xq, st, none).view({B, W, -1, hd}).transpose(1, 2).to(dtype);
+        qs = linear(L.q, x, xq, st).view({B, W, -1, hd}).transpose(1, 2).to(dtype);
+        ks = linear(L.k, x, xq, st).view({B, W, -1, hd}).transpose(1, 2).to(dtype);
+        vs = linear(L.v, x, xq, st).view({B, W, -1, hd}).transpose(1, 2).to(dtype);
         qs = qs * cos + qs.roll({half}, {-1}) * sin;
         ks = ks * cos + ks.roll({half}, {-1}) * sin;
       }
@@ -283,8 +278,7 @@ class DecoderLayers {
       kc = kc.slice(2, 0, st.visible);
       vc = vc.slice(2, 0, st.visible);
       Tensor att = attend(qs, kc, vc, st, L.scaling).transpose(1, 2).reshape({B, W, -1});
-      Tensor none;
-      h = h + linear(L.o, att, bf16(att, L.o), st, none);
+      h = h + linear(L.o, att, bf16(att, L.o), st);
       x = rms_norm(L.norm2, L.eps2, h);
       xq = bf16(x, L.gate);
       Tensor yg, yu;
@@ -293,7 +287,7 @@ class DecoderLayers {
         yg = parts[0], yu = parts[1];
       }
       Tensor mid = at::silu(linear(L.gate, x, xq, st, yg).to(dtype)) * linear(L.up, x, xq, st, yu);
-      h = h + linear(L.down, mid, bf16(mid, L.down), st, none);
+      h = h + linear(L.down, mid, bf16(mid, L.down), st);
     }
     return h;
   }
