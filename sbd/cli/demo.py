@@ -55,14 +55,14 @@ def run_demo(n: int = 16, gamma: float = 0.35, block_size: int = 16, seed: int =
     """Four columns on the same held-out problems: the NTP-trained baseline (the paper's comparison),
     the SBD-trained model decoded with NTP, with SBD, and with SBD whose drafts its own next-token head
     verifies (NTP's answers exactly). Speedups are against the baseline, as in the paper's Table 1."""
-    from ..decoding import native_layers
+    from ..models import extension
     from ..models.loading import load
     from ..tasks import make_split, score
 
     meta = json.loads((demo_path(model_name) / "sbd_demo.json").read_text())
     examples = [ex for task in meta["tasks"] for ex in make_split(task, "test", n, seed)]
     prompts = [ex["prompt"] for ex in examples]
-    native_layers.prepare()  # compiled before anything is timed (once per machine)
+    extension.prepare()  # compiled before anything is timed (once per machine)
     models = {name: load(name) for name in {model_name, "demo-ntp"}}
     configs = {key: (*models[model_name if name == "demo" else name],
                      dict(method=method, max_new_tokens=max_new_tokens,

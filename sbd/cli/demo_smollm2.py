@@ -22,13 +22,13 @@ def run_smollm2_demo(n: int = 2, gamma: float = 0.35, block_size: int | None = N
     from ..decoding.spec import DecodeSpec
     from ..decoding.generate import encode_prompts
     from ..models.facts import default_eos_ids
-    from ..decoding import native_layers
+    from ..models import extension
     from ..models.loading import load
     from ..models.narrow_linear import linear_layers
     from ..drafters.sampler_head import head_of
     from ..tasks.prompts import load_prompts
 
-    native_layers.prepare()  # compiled before anything is timed (once per machine)
+    extension.prepare()  # compiled before anything is timed (once per machine)
     t0 = time.perf_counter()
     model, tokenizer = load("smollm2")
     loaded = time.perf_counter() - t0

@@ -68,12 +68,12 @@ def cmd_forward_cost(args) -> dict:
     from ..benchmarking.report import write_forward_cost
     from ..benchmarking.roofline import ModelShape
     from ..benchmarking.roofline_presets import HARDWARE
-    from ..decoding import native_layers
+    from ..models import extension
     from ..models.narrow_linear import uses_narrow_linear
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    native_layers.prepare(args.device)  # compiled before anything is timed (once per machine)
+    extension.prepare(args.device)  # compiled before anything is timed (once per machine)
     model = model_from_args(args)[0]
     name = args.shape or str(args.model)
     widths = args.widths

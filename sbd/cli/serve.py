@@ -154,7 +154,7 @@ def cmd_serve(args) -> None:
                        "prometheus-client)") from None
     import torch
 
-    from ..decoding import native_layers
+    from ..models import extension
     from ..models.loading import load
     from ..serving.runner import bind, run, warn_if_open
 
@@ -163,7 +163,7 @@ def cmd_serve(args) -> None:
     sock = bind(args.host, args.port)  # a busy port fails here, before the model loads
     try:
         if not args.replicas:
-            native_layers.prepare(args.device)  # compiled before the first request (once per machine)
+            extension.prepare(args.device)  # compiled before the first request (once per machine)
             print(f"sbd: loading {args.model}…", file=sys.stderr, flush=True)  # a first smollm2 imports its GGUF
         # with --replicas the options are checked against the model's config and drafter without its weights:
         # each replica loads the model itself

@@ -17,7 +17,16 @@ Activations enter in bfloat16 (the kernels' fast path; float32 activations take 
 slower) and the output is widened back to the model's dtype; everything outside the linear layers
 stays as loaded.
 
-Exactness: both kernels are row-invariant, i.e. row i of a many-row product is bit for bit the product
+sbd's own int8 product (`sbd/native/int8_products.h`, in sbd's compiled extension, `sbd.models.extension`)
+replaces torch's on a CPU: the same formula (the dot product in float32, times the row's scale, rounded to
+bfloat16), in a fixed order, at the speed of reading the weights. torch's CPU kernel is bound by its
+arithmetic: SmolLM2's int8 output layer took 2.2 ms of a 10.8 ms int4 forward on a 2-core Xeon, ~1.3 ms with
+sbd's. Which of the two a model's int8 layers run is chosen once, when `quantize` makes them (the extension
+is built then, synchronously, once per machine), and kept for the model's life: a model never changes
+kernels mid-way, so its tokens never depend on when a build finished. Where the extension cannot be built,
+or with `SBD_NATIVE=0`, torch's kernel runs.
+
+Exactness: the kernels are row-invariant, i.e. row i of a many-row product is bit for bit the product
 of row i alone. With attention computed per committed token (the "exact" plan of
 `sbd.decoding.attention`), a verifying forward's committed positions are then bitwise the one-token
 forwards of NTP decoding, so sbd-verify gives NTP's tokens of the same weights even where two tokens
@@ -36,17 +45,21 @@ import torch
 from torch import nn
 
 from ..errors import SBDError
+from . import extension
 
 FORMATS = ("int8", "int4")
 DEVICES = ("cpu", "cuda")  # where torch has weight-only kernels (CUDA's int8 serves the output layer of int4 only)
 GROUP = 32  # int4 values per scale (a GGUF Q4_1 block holds 32)
 INT4_ROWS = 16  # the int4 kernel packs output rows by 16
+INT8_INPUTS = 16  # the CPU int8 kernels take input sizes in steps of 16 (torch 2.13's crashes on others)
 CPU_INT4_TILE = 64  # the CPU int4 kernel packs output rows in tiles of 64: layers join only at their borders
 CUDA_K_TILES = (8, 4, 2)  # tinygemm's inner k tiles (16 input columns each), largest that divides the input first
 
 
 class QuantizedLinear(nn.Module):
     """A linear layer whose weight is int8 (per output row) or int4 (groups of `group` along the input)."""
+
+    sbd_kernel = False  # int8 on sbd's own product (set by `quantize` on a CPU where sbd's extension is built)
 
     def __init__(self, in_features: int, out_features: int, fmt: str, group: int = GROUP):
         super().__init__()
@@ -93,7 +106,8 @@ class QuantizedLinear(nn.Module):
         attribute lookups would cost as much as the small products themselves."""
         if self.fmt == "int8":
             qweight, scales = self.qweight, self.scales
-            return lambda flat: torch._weight_int8pack_mm(flat, qweight, scales)
+            mm = _int8_kernel(self.sbd_kernel, qweight)
+            return lambda flat: mm(flat, qweight, scales)
         qweight, group, scale_zero = self.qweight, self.group, self.scale_zero
         mm = torch._weight_int4pack_mm if qweight.is_cuda else torch._weight_int4pack_mm_for_cpu
         return lambda flat: mm(flat, qweight, group, scale_zero)
@@ -126,8 +140,9 @@ def joint_product(layers: tuple[QuantizedLinear, ...]):
     twice (the kernel takes them contiguous, column-major per group: 1 bit per weight of these layers). Kept
     on the first layer and rebuilt when any layer's tensors change (moved, re-quantized)."""
     first = layers[0]
-    if any(not isinstance(q, QuantizedLinear) or (q.fmt, q.group, q.in_features) != (first.fmt, first.group,
-           first.in_features) or q.qweight.device.type != "cpu" or (q.fmt == "int4" and q.out_features % CPU_INT4_TILE)
+    if any(not isinstance(q, QuantizedLinear) or (q.fmt, q.group, q.in_features, q.sbd_kernel) != (
+           first.fmt, first.group, first.in_features, first.sbd_kernel) or q.qweight.device.type != "cpu"
+           or (q.fmt == "int4" and q.out_features % CPU_INT4_TILE)
            for q in layers):
         return None
     tensors = [t for q in layers for t in q._buffers.values()]
@@ -144,7 +159,7 @@ def joint_product(layers: tuple[QuantizedLinear, ...]):
         at += q.out_features
     if first.fmt == "int4":
         scales = torch.cat([q.scale_zero for q in layers], 1).contiguous()
-    product = JointProduct(first.fmt, weight, scales, first.group)
+    product = JointProduct(first.fmt, weight, scales, first.group, first.sbd_kernel)
     first.__dict__["_joint"] = ([t for q in layers for t in q._buffers.values()], product)
     return product
 
@@ -153,13 +168,36 @@ class JointProduct:
     """`joint_product`'s product: the joint weights with their kernel (a callable of the bfloat16 input);
     sbd's native decoder layers read the tensors themselves (`sbd.decoding.native_layers`)."""
 
-    def __init__(self, fmt: str, weight: torch.Tensor, scales: torch.Tensor, group: int):
-        self.fmt, self.weight, self.scales, self.group = fmt, weight, scales, group
+    def __init__(self, fmt: str, weight: torch.Tensor, scales: torch.Tensor, group: int, sbd_kernel: bool = False):
+        self.fmt, self.weight, self.scales, self.group, self.sbd_kernel = fmt, weight, scales, group, sbd_kernel
 
     def __call__(self, flat: torch.Tensor) -> torch.Tensor:
         if self.fmt == "int8":
-            return torch._weight_int8pack_mm(flat, self.weight, self.scales)
+            return _int8_kernel(self.sbd_kernel, self.weight)(flat, self.weight, self.scales)
         return torch._weight_int4pack_mm_for_cpu(flat, self.weight, self.group, self.scales)
+
+
+_SBD_INT8: list = []  # sbd's int8 product, once loaded: kept for the process (the layers that chose it need it)
+
+
+def _int8_kernel(sbd_kernel: bool, weight: torch.Tensor):
+    """The int8 product a layer runs: sbd's (on a CPU, where `quantize` chose it) or torch's."""
+    if sbd_kernel and weight.device.type == "cpu":
+        return _SBD_INT8[0]
+    return torch._weight_int8pack_mm
+
+
+def uses_sbd_int8(layer: QuantizedLinear) -> bool:
+    """Whether an int8 layer can take sbd's own product here: on a CPU, its input size a multiple of 16, the
+    extension built (now, once per machine; where it cannot be, torch's kernel, said once)."""
+    if layer.fmt != "int8" or layer.qweight.device.type != "cpu" or layer.in_features % INT8_INPUTS:
+        return False
+    if not _SBD_INT8:
+        module = extension.prepare("cpu")
+        if module is None:
+            return False
+        _SBD_INT8.append(module.int8_mm)
+    return extension.wanted()
 
 
 def _pack_int4(values: torch.Tensor) -> torch.Tensor:
@@ -212,12 +250,18 @@ def quantize(model, fmt: str, group: int = GROUP) -> dict[str, str]:
                        "bfloat16 weights")
     check_kernels(device)
     head = model.get_output_embeddings()
+    linears = _base_linears(model)
+    odd = next((name for name, m in linears if m.in_features % INT8_INPUTS), None)
+    if device.type == "cpu" and odd is not None:  # torch's CPU int8 kernel crashes the process on these
+        raise SBDError(f"weights={fmt!r}: {odd} takes {dict(linears)[odd].in_features} inputs; the CPU int8 kernels "
+                       f"need a multiple of {INT8_INPUTS}; load the model without weights=")
     done = {}
-    for name, module in _base_linears(model):
+    for name, module in linears:
         q = QuantizedLinear.from_linear(module, "int8" if module is head else fmt, group)
         module.__class__ = QuantizedLinear  # the same object: its hooks and every reference to it stay
         module._parameters, module._buffers = q._parameters, q._buffers  # int values, scales, bias
         module.fmt, module.group = q.fmt, q.group
+        module.sbd_kernel = uses_sbd_int8(module)
         done[name] = module.fmt
     model.config.sbd_weights = fmt
     return done

@@ -4,7 +4,10 @@
 // Why: a one-token forward of SmolLM2-135M with int4 weights makes ~2,000 small operations (norms, casts,
 // the rotation, views, cache writes); each costs ~1.4 us called from Python and ~0.7 us from C++, and the
 // Python around them as much again. See sbd/decoding/native_layers.py for what runs here and what does not.
+// It also holds sbd's int8 product (int8_products.h), which `sbd.models.quantized` calls from Python.
 #include <torch/extension.h>
+
+#include "int8_products.h"
 
 #include <algorithm>
 #include <optional>
@@ -18,13 +21,18 @@ using at::Tensor;
 // One linear layer: its product (a float linear, torch's int8 or int4 weight-only kernel), its bias (added
 // after the product, in float) and the drafting adapter's update (A^T, B^T) when the adapter targets it.
 struct Linear {
-  int64_t kind = 0;  // 0 float (F.linear with its bias), 1 int8, 2 int4, 3 float through the narrow path
+  // 0 float (F.linear with its bias), 1 int8 (torch's kernel), 2 int4, 3 float through the narrow path, 4 int8 on
+  // sbd's kernel (int8_products.h)
+  int64_t kind = 0;
   Tensor weight, scales, bias, a_t, b_t;
   int64_t group = 0;
   int64_t narrow_lo = 2, narrow_hi = 0;  // kind 3: positions per forward that take the narrow path
   bool has_bias = false, has_update = false;
 
+  bool quantized() const { return kind == 1 || kind == 2 || kind == 4; }
+
   Tensor product(const Tensor& flat) const {  // the quantized kernels: bfloat16 rows in, bfloat16 out
+    if (kind == 4) return sbd_int8::int8_mm(flat, weight, scales);
     if (kind == 1) return at::_weight_int8pack_mm(flat, weight, scales);
     return at::_weight_int4pack_mm_for_cpu(flat, weight, group, scales);
   }
@@ -192,7 +200,7 @@ Tensor add_gated(const Linear& lin, const Tensor& x, const Tensor& out, const St
 // (llama_forward.LlamaForward._linear).
 Tensor linear(const Linear& lin, const Tensor& x, const Tensor& xq, const Step& st, const Tensor& joint = Tensor()) {
   Tensor y;
-  if (lin.kind == 1 || lin.kind == 2) {
+  if (lin.quantized()) {
     std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
     shape.push_back(-1);
     y = (joint.defined() ? joint : lin.product(xq)).view(shape);
@@ -205,7 +213,7 @@ Tensor linear(const Linear& lin, const Tensor& x, const Tensor& xq, const Step& 
 }
 
 Tensor bf16(const Tensor& x, const Linear& lin) {
-  if (lin.kind != 1 && lin.kind != 2) return Tensor();
+  if (!lin.quantized()) return Tensor();
   return x.reshape({-1, x.size(-1)}).to(at::kBFloat16);
 }
 
@@ -330,6 +338,9 @@ class DecoderLayers {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("int8_mm", &sbd_int8::int8_mm, py::arg("x"), py::arg("w"), py::arg("scale"), py::arg("use") = -1,
+        "x (M, K) · int8 w (N, K)ᵀ · scale (N): (M, N) in x's dtype; use: 0 plain C++, 1 AVX2, 2 AVX-512, -1 the best here");
+  m.def("int8_isa", [] { return static_cast<int64_t>(sbd_int8::isa()); }, "the instruction set int8_mm runs: 0, 1 or 2");
   py::class_<DecoderLayers>(m, "DecoderLayers")
       .def(py::init<>())
       .def("add_layer", &DecoderLayers::add_layer)
