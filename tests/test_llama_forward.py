@@ -79,13 +79,19 @@ def test_joint_products_are_each_layers_own_bit_for_bit(arch, fmt):
                        **blocks(method, 4), **extra)
 
 
-def test_int4_layers_join_only_at_the_kernels_tiles():
-    """The CPU int4 kernel packs output rows in tiles of 64: layers of 32 rows would read each other's
-    weights if joined, so they keep their own calls (and int8 layers, row by row, always join)."""
+@pytest.mark.parametrize("sbd", [False, True], ids=["torch's kernels", "sbd's products"])
+def test_int4_layers_join_only_at_the_kernels_tiles(monkeypatch, sbd):
+    """torch's CPU int4 kernel packs output rows in tiles of 64: layers of 32 rows would read each other's
+    weights if joined, so they keep their own calls (int8 layers, row by row, always join; so do layers on
+    sbd's products, which keep each output row's weights together)."""
+    if not sbd:
+        monkeypatch.setattr(quantized, "sbd_products", lambda: False)
     model = _model.__wrapped__("llama", seed=7)  # k and v: 32 rows
     quantized.quantize(model, "int4")
     a, m = model.model.layers[0].self_attn, model.model.layers[0].mlp
-    assert quantized.joint_product((a.q_proj, a.k_proj, a.v_proj)) is None
+    sbd_here = sbd and a.q_proj.sbd_kernel
+    assert sbd_here == (sbd and DEVICE.type == "cpu" and quantized.sbd_products())
+    assert (quantized.joint_product((a.q_proj, a.k_proj, a.v_proj)) is None) == (not sbd_here)
     assert (quantized.joint_product((m.gate_proj, m.up_proj)) is not None) == (DEVICE.type == "cpu")
 
 

@@ -68,7 +68,9 @@ def _same_forwards(model, prompts, monkeypatch, **kw):
         assert torch.equal(lg, lw), (lg - lw).abs().max()
 
 
-def _quantized(arch: str, fmt: str, seed: int, **shape):
+def _quantized(arch: str, fmt: str, seed: int, sbd: bool = True, **shape):
+    """A quantized model with random biases and drafting adapter; sbd: on sbd's own products, else torch's
+    kernels."""
     model = _model.__wrapped__(arch, seed=seed, **shape)
     seeded = torch.Generator().manual_seed(seed)
     with torch.no_grad():  # transformers starts biases at zero, where adding them would go unchecked
@@ -76,20 +78,28 @@ def _quantized(arch: str, fmt: str, seed: int, **shape):
             if isinstance(m, torch.nn.Linear) and m.bias is not None:
                 m.bias.copy_(torch.randn(m.bias.shape, generator=seeded, device="cpu").to(m.bias.device))
     attach_random_adapter(model, seed=seed)  # as `sbd.load` does: the adapter first, then the base quantized
-    quantized.quantize(model, fmt)
+    if sbd:
+        quantized.quantize(model, fmt)
+    else:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(quantized, "sbd_products", lambda: False)
+            quantized.quantize(model, fmt)
+    assert all(m.sbd_kernel == sbd for m in model.modules() if isinstance(m, quantized.QuantizedLinear))
     return model
 
 
+@pytest.mark.parametrize("sbd", [True, False], ids=["sbd's products", "torch's kernels"])
 @pytest.mark.parametrize("joint", [False, True], ids=["own products", "joint products"])
 @pytest.mark.parametrize("fmt", quantized.FORMATS)
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_native_layers_give_the_python_layers_logits_bit_for_bit(built, counted, monkeypatch, arch, fmt, joint):
-    """qwen2 carries random biases; "joint products": head size 64, where int4 q, k, v (and gate, up) share
-    one kernel call; "own products": head size 16, where int4 layers keep a call each."""
+def test_native_layers_give_the_python_layers_logits_bit_for_bit(built, counted, monkeypatch, arch, fmt, joint, sbd):
+    """qwen2 carries random biases; "joint products": head size 64, where torch's int4 q, k, v (and gate, up)
+    share one kernel call; "own products": head size 16, where torch's int4 layers keep a call each (sbd's
+    products join layers of any size)."""
     shape = {"hidden": 128, "heads": 2, "kv_heads": 1} if joint else {}
-    model = _quantized(arch, fmt, 11, **shape)
+    model = _quantized(arch, fmt, 11, sbd, **shape)
     a = model.model.layers[0].self_attn
-    assert (quantized.joint_product((a.q_proj, a.k_proj, a.v_proj)) is not None) == (joint or fmt == "int8")
+    assert (quantized.joint_product((a.q_proj, a.k_proj, a.v_proj)) is not None) == (joint or fmt == "int8" or sbd)
     for method, extra in METHODS:
         for prompts in (random_prompts(3, 300, seed=12), random_prompts(1, 300, seed=13), SAME_LENGTHS):
             _same_forwards(model, prompts, monkeypatch, method=method, max_new_tokens=12, **blocks(method, 4), **extra)

@@ -27,8 +27,8 @@ from ..models import extension
 from ..models.narrow_linear import NARROWEST, NarrowLinear
 from ..models.quantized import QuantizedLinear
 
-KINDS = {"int8": 1, "int4": 2}
-SBD_INT8 = 4  # an int8 layer on sbd's own product (`QuantizedLinear.sbd_kernel`)
+KINDS = {"int8": 1, "int4": 2}  # on torch's kernels
+SBD_KINDS = {"int8": 4, "int4": 5}  # on sbd's own products (`QuantizedLinear.sbd_kernel`)
 
 
 def takes(model) -> bool:
@@ -76,8 +76,8 @@ def _linear(entry, lin) -> tuple:
 
 
 def _kind(q) -> int:
-    """The extension's kind of a quantized layer or joint product: torch's int8 or int4 kernel, or sbd's int8."""
-    return SBD_INT8 if q.sbd_kernel else KINDS[q.fmt]
+    """The extension's kind of a quantized layer or joint product: its format on torch's kernel or on sbd's."""
+    return (SBD_KINDS if q.sbd_kernel else KINDS)[q.fmt]
 
 
 def _joint(product, sizes) -> tuple | None:

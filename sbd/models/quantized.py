@@ -17,14 +17,16 @@ Activations enter in bfloat16 (the kernels' fast path; float32 activations take 
 slower) and the output is widened back to the model's dtype; everything outside the linear layers
 stays as loaded.
 
-sbd's own int8 product (`sbd/native/int8_products.h`, in sbd's compiled extension, `sbd.models.extension`)
-replaces torch's on a CPU: the same formula (the dot product in float32, times the row's scale, rounded to
-bfloat16), in a fixed order, at the speed of reading the weights. torch's CPU kernel is bound by its
-arithmetic: SmolLM2's int8 output layer took 2.2 ms of a 10.8 ms int4 forward on a 2-core Xeon, ~1.3 ms with
-sbd's. Which of the two a model's int8 layers run is chosen once, when `quantize` makes them (the extension
-is built then, synchronously, once per machine), and kept for the model's life: a model never changes
-kernels mid-way, so its tokens never depend on when a build finished. Where the extension cannot be built,
-or with `SBD_NATIVE=0`, torch's kernel runs.
+On a CPU sbd's own products replace torch's kernels (`sbd/native/products.h`, in sbd's compiled extension,
+`sbd.models.extension`): the same formulas (the sum in float32 over the dequantized weights, rounded to
+bfloat16), in a fixed order, the weights read once per call whatever the rows. torch's CPU kernels are
+bound by their arithmetic: SmolLM2's int8 output layer took 2.2 ms of a 10.8 ms int4 forward on a 2-core
+Xeon (sbd's: 1.1 ms), and its int4 layers 4.9 ms (sbd's: 4.3 ms). sbd's int4 weights are packed for its
+product (16 bytes per group of 32 inputs and output row, the scales beside them per row), so which
+kernels a model's layers run is chosen once, when `quantize` makes them (the extension is built then,
+synchronously, once per machine), and kept for the model's life: a model never changes kernels mid-way,
+so its tokens never depend on when a build finished. Where the extension cannot be built, or with
+`SBD_NATIVE=0`, torch's kernels run.
 
 Exactness: the kernels are row-invariant, i.e. row i of a many-row product is bit for bit the product
 of row i alone. With attention computed per committed token (the "exact" plan of
@@ -35,7 +37,8 @@ matrix products are not row-invariant; there, equal tokens rest on the rounding 
 logits' gaps.
 
 int4 needs the output size to be a multiple of 16 and the input size of the group; a layer that is not
-(e.g. an output layer of 49,153 rows) takes int8. The output layer is always int8: its rows are the
+(e.g. an output layer of 49,153 rows) takes int8. Every input size must be a multiple of 16 on a CPU
+(torch's int8 kernel ends the process on others: `quantize` refuses such a model in one line). The output layer is always int8: its rows are the
 vocabulary, and a drafting model's added mask token rarely leaves it a multiple of 16.
 """
 
@@ -59,7 +62,7 @@ CUDA_K_TILES = (8, 4, 2)  # tinygemm's inner k tiles (16 input columns each), la
 class QuantizedLinear(nn.Module):
     """A linear layer whose weight is int8 (per output row) or int4 (groups of `group` along the input)."""
 
-    sbd_kernel = False  # int8 on sbd's own product (set by `quantize` on a CPU where sbd's extension is built)
+    sbd_kernel = False  # on sbd's own product (`quantize` on a CPU where sbd's extension is built; int4 packed for it)
 
     def __init__(self, in_features: int, out_features: int, fmt: str, group: int = GROUP):
         super().__init__()
@@ -67,12 +70,15 @@ class QuantizedLinear(nn.Module):
         self.register_parameter("bias", None)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, fmt: str, group: int = GROUP) -> "QuantizedLinear":
+    def from_linear(cls, linear: nn.Linear, fmt: str, group: int = GROUP, sbd: bool = False) -> "QuantizedLinear":
+        """The layer quantized; sbd: on sbd's own products where they take it (`sbd_products`: then int4 is
+        packed for them)."""
         w = linear.weight.detach().float()
         n, k = w.shape
         if fmt == "int4" and (n % INT4_ROWS or k % group or (w.is_cuda and k % (16 * CUDA_K_TILES[-1]))):
             fmt = "int8"
         q = cls(k, n, fmt, group)
+        q.sbd_kernel = sbd and _sbd_takes(fmt, k, group, w.device)
         if fmt == "int8":
             scale = w.abs().amax(1).clamp_min(torch.finfo(torch.float32).tiny) / 127
             q.register_buffer("qweight", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
@@ -82,10 +88,14 @@ class QuantizedLinear(nn.Module):
             lo, hi = g.amin(-1), g.amax(-1)
             scale = ((hi - lo) / 15).clamp_min(torch.finfo(torch.float32).tiny)
             values = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32)
-            q.register_buffer("qweight", _pack_int4(values.reshape(n, k)))
-            # w = (q - 8)·scale + zero with zero = lo + 8·scale: (K/group, N, 2)
-            q.register_buffer("scale_zero", torch.stack([scale, lo + 8 * scale], -1).transpose(0, 1)
-                              .contiguous().to(torch.bfloat16))
+            # w = (q - 8)·scale + zero with zero = lo + 8·scale: (K/group, N, 2); sbd's: (N, K/group, 2)
+            scale_zero = torch.stack([scale, lo + 8 * scale], -1)
+            if q.sbd_kernel:
+                q.register_buffer("qweight", _SBD[0].int4_pack(values.reshape(n, k)))
+                q.register_buffer("scale_zero", scale_zero.to(torch.bfloat16))
+            else:
+                q.register_buffer("qweight", _pack_int4(values.reshape(n, k)))
+                q.register_buffer("scale_zero", scale_zero.transpose(0, 1).contiguous().to(torch.bfloat16))
         if linear.bias is not None:
             q.bias = nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
         return q
@@ -109,6 +119,9 @@ class QuantizedLinear(nn.Module):
             mm = _int8_kernel(self.sbd_kernel, qweight)
             return lambda flat: mm(flat, qweight, scales)
         qweight, group, scale_zero = self.qweight, self.group, self.scale_zero
+        if self.sbd_kernel and qweight.device.type == "cpu":
+            int4 = _SBD[0].int4_mm
+            return lambda flat: int4(flat, qweight, scale_zero)
         mm = torch._weight_int4pack_mm if qweight.is_cuda else torch._weight_int4pack_mm_for_cpu
         return lambda flat: mm(flat, qweight, group, scale_zero)
 
@@ -142,7 +155,7 @@ def joint_product(layers: tuple[QuantizedLinear, ...]):
     first = layers[0]
     if any(not isinstance(q, QuantizedLinear) or (q.fmt, q.group, q.in_features, q.sbd_kernel) != (
            first.fmt, first.group, first.in_features, first.sbd_kernel) or q.qweight.device.type != "cpu"
-           or (q.fmt == "int4" and q.out_features % CPU_INT4_TILE)
+           or (q.fmt == "int4" and not q.sbd_kernel and q.out_features % CPU_INT4_TILE)
            for q in layers):
         return None
     tensors = [t for q in layers for t in q._buffers.values()]
@@ -150,14 +163,15 @@ def joint_product(layers: tuple[QuantizedLinear, ...]):
     if cached is not None and len(cached[0]) == len(tensors) and all(a is b for a, b in zip(cached[0], tensors)):
         return cached[1]
     weight = torch.cat([q.qweight for q in layers])
-    scales = torch.cat([q.scales for q in layers]) if first.fmt == "int8" else None
+    by_row = "scales" if first.fmt == "int8" else "scale_zero" if first.sbd_kernel else None  # scales per output row
+    scales = torch.cat([getattr(q, by_row) for q in layers]) if by_row else None
     at = 0
     for q in layers:  # each layer's tensors become views of its rows of the joint ones
         q.qweight = weight[at : at + q.out_features]
-        if scales is not None:
-            q.scales = scales[at : at + q.out_features]
+        if by_row:
+            setattr(q, by_row, scales[at : at + q.out_features])
         at += q.out_features
-    if first.fmt == "int4":
+    if by_row is None:  # torch's int4 layout: scales per group, then per output row
         scales = torch.cat([q.scale_zero for q in layers], 1).contiguous()
     product = JointProduct(first.fmt, weight, scales, first.group, first.sbd_kernel)
     first.__dict__["_joint"] = ([t for q in layers for t in q._buffers.values()], product)
@@ -174,30 +188,40 @@ class JointProduct:
     def __call__(self, flat: torch.Tensor) -> torch.Tensor:
         if self.fmt == "int8":
             return _int8_kernel(self.sbd_kernel, self.weight)(flat, self.weight, self.scales)
+        if self.sbd_kernel:
+            return _SBD[0].int4_mm(flat, self.weight, self.scales)
         return torch._weight_int4pack_mm_for_cpu(flat, self.weight, self.group, self.scales)
 
 
-_SBD_INT8: list = []  # sbd's int8 product, once loaded: kept for the process (the layers that chose it need it)
+_SBD: list = []  # sbd's compiled products, once loaded: kept for the process (the layers that chose them need them)
 
 
 def _int8_kernel(sbd_kernel: bool, weight: torch.Tensor):
     """The int8 product a layer runs: sbd's (on a CPU, where `quantize` chose it) or torch's."""
     if sbd_kernel and weight.device.type == "cpu":
-        return _SBD_INT8[0]
+        return _SBD[0].int8_mm
     return torch._weight_int8pack_mm
 
 
-def uses_sbd_int8(layer: QuantizedLinear) -> bool:
-    """Whether an int8 layer can take sbd's own product here: on a CPU, its input size a multiple of 16, the
-    extension built (now, once per machine; where it cannot be, torch's kernel, said once)."""
-    if layer.fmt != "int8" or layer.qweight.device.type != "cpu" or layer.in_features % INT8_INPUTS:
+def sbd_products() -> bool:
+    """Whether sbd's own products run here (sbd's extension built now, once per machine; where it cannot be,
+    one line says so and torch's kernels run). Read once per layer when `quantize` makes it."""
+    if not extension.wanted():
         return False
-    if not _SBD_INT8:
+    if not _SBD:
         module = extension.prepare("cpu")
         if module is None:
             return False
-        _SBD_INT8.append(module.int8_mm)
-    return extension.wanted()
+        _SBD.append(module)
+    return True
+
+
+def _sbd_takes(fmt: str, in_features: int, group: int, device: torch.device) -> bool:
+    """Whether sbd's products take a layer of this format and input size (on a CPU, input sizes in steps of
+    16; int4 in groups of 32)."""
+    if device.type != "cpu" or in_features % INT8_INPUTS or (fmt == "int4" and (group != 32 or in_features % 32)):
+        return False
+    return sbd_products()
 
 
 def _pack_int4(values: torch.Tensor) -> torch.Tensor:
@@ -257,11 +281,10 @@ def quantize(model, fmt: str, group: int = GROUP) -> dict[str, str]:
                        f"need a multiple of {INT8_INPUTS}; load the model without weights=")
     done = {}
     for name, module in linears:
-        q = QuantizedLinear.from_linear(module, "int8" if module is head else fmt, group)
+        q = QuantizedLinear.from_linear(module, "int8" if module is head else fmt, group, sbd=True)
         module.__class__ = QuantizedLinear  # the same object: its hooks and every reference to it stay
         module._parameters, module._buffers = q._parameters, q._buffers  # int values, scales, bias
-        module.fmt, module.group = q.fmt, q.group
-        module.sbd_kernel = uses_sbd_int8(module)
+        module.fmt, module.group, module.sbd_kernel = q.fmt, q.group, q.sbd_kernel
         done[name] = module.fmt
     model.config.sbd_weights = fmt
     return done

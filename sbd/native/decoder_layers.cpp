@@ -4,10 +4,10 @@
 // Why: a one-token forward of SmolLM2-135M with int4 weights makes ~2,000 small operations (norms, casts,
 // the rotation, views, cache writes); each costs ~1.4 us called from Python and ~0.7 us from C++, and the
 // Python around them as much again. See sbd/decoding/native_layers.py for what runs here and what does not.
-// It also holds sbd's int8 product (int8_products.h), which `sbd.models.quantized` calls from Python.
+// It also holds sbd's int8 and int4 products (products.h), which `sbd.models.quantized` calls from Python too.
 #include <torch/extension.h>
 
-#include "int8_products.h"
+#include "products.h"
 
 #include <algorithm>
 #include <optional>
@@ -21,18 +21,19 @@ using at::Tensor;
 // One linear layer: its product (a float linear, torch's int8 or int4 weight-only kernel), its bias (added
 // after the product, in float) and the drafting adapter's update (A^T, B^T) when the adapter targets it.
 struct Linear {
-  // 0 float (F.linear with its bias), 1 int8 (torch's kernel), 2 int4, 3 float through the narrow path, 4 int8 on
-  // sbd's kernel (int8_products.h)
+  // 0 float (F.linear with its bias), 1 int8 (torch's kernel), 2 int4 (torch's), 3 float through the narrow path,
+  // 4 int8 on sbd's product, 5 int4 on sbd's (products.h)
   int64_t kind = 0;
   Tensor weight, scales, bias, a_t, b_t;
   int64_t group = 0;
   int64_t narrow_lo = 2, narrow_hi = 0;  // kind 3: positions per forward that take the narrow path
   bool has_bias = false, has_update = false;
 
-  bool quantized() const { return kind == 1 || kind == 2 || kind == 4; }
+  bool quantized() const { return kind == 1 || kind == 2 || kind == 4 || kind == 5; }
 
   Tensor product(const Tensor& flat) const {  // the quantized kernels: bfloat16 rows in, bfloat16 out
-    if (kind == 4) return sbd_int8::int8_mm(flat, weight, scales);
+    if (kind == 4) return sbd_products::int8_mm(flat, weight, scales);
+    if (kind == 5) return sbd_products::int4_mm(flat, weight, scales);
     if (kind == 1) return at::_weight_int8pack_mm(flat, weight, scales);
     return at::_weight_int4pack_mm_for_cpu(flat, weight, group, scales);
   }
@@ -338,9 +339,12 @@ class DecoderLayers {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("int8_mm", &sbd_int8::int8_mm, py::arg("x"), py::arg("w"), py::arg("scale"), py::arg("use") = -1,
+  m.def("int8_mm", &sbd_products::int8_mm, py::arg("x"), py::arg("w"), py::arg("scale"), py::arg("use") = -1,
         "x (M, K) · int8 w (N, K)ᵀ · scale (N): (M, N) in x's dtype; use: 0 plain C++, 1 AVX2, 2 AVX-512, -1 the best here");
-  m.def("int8_isa", [] { return static_cast<int64_t>(sbd_int8::isa()); }, "the instruction set int8_mm runs: 0, 1 or 2");
+  m.def("int4_mm", &sbd_products::int4_mm, py::arg("x"), py::arg("w"), py::arg("sz"), py::arg("use") = -1,
+        "x (M, K) · int4 w (N, K/2 packed by int4_pack) with (scale, zero) per group of 32 (N, K/32, 2): (M, N) in x's dtype");
+  m.def("int4_pack", &sbd_products::int4_pack, "int4 values (N, K), 0..15, in int4_mm's layout");
+  m.def("isa", [] { return static_cast<int64_t>(sbd_products::isa()); }, "the instruction set the products run: 0, 1 or 2");
   py::class_<DecoderLayers>(m, "DecoderLayers")
       .def(py::init<>())
       .def("add_layer", &DecoderLayers::add_layer)

@@ -1,0 +1,77 @@
+// The products' loops, written once against `Vec` (16 float lanes: plain C++, AVX2 or AVX-512) and included by
+// products.h once per instruction set. No include guard: each inclusion is a namespace of its own.
+
+// R rows of x against C output rows n.. at a time (C sums in flight: one alone waits on each multiply-add)
+template <int R, int C>
+void int8_block(const float* x, int64_t K, const int8_t* w, const uint16_t* scale, int64_t n, float* out, int64_t N) {
+  typename Vec::F acc[R][C];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) acc[r][c] = Vec::zero();
+  for (int64_t k = 0; k < K; k += LANES) {
+    if (C == 4) Vec::ahead(w + n * K + AHEAD + 4 * k);  // the 4·K bytes of these rows, AHEAD further on
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) {
+      const typename Vec::F wv = Vec::int8(w + (n + c) * K + k);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) acc[r][c] = Vec::fma(Vec::load(x + r * K + k), wv, acc[r][c]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) out[r * N + n + c] = Vec::sum(acc[r][c]) * bf16(scale[n + c]);
+}
+
+template <int R, int C>
+void int4_block(const float* x, int64_t K, const uint8_t* w, const uint16_t* sz, int64_t n, float* out, int64_t N) {
+  const int64_t G = K / 32, B = K / 2;  // groups and bytes per output row
+  typename Vec::F acc[R][C];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) acc[r][c] = Vec::zero();
+  for (int64_t g = 0; g < G; ++g) {
+    if (C == 4) {  // these rows' 2·K bytes and K/2 bytes of scales, further on
+      Vec::ahead(w + n * B + AHEAD + 64 * g);
+      Vec::ahead(sz + 2 * n * G + AHEAD / 4 + 16 * g);
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) {
+      typename Vec::F first, second;  // the group's 32 weights, dequantized
+      Vec::int4(w + (n + c) * B + g * 16, sz + ((n + c) * G + g) * 2, first, second);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        acc[r][c] = Vec::fma(Vec::load(x + r * K + g * 32), first, acc[r][c]);
+        acc[r][c] = Vec::fma(Vec::load(x + r * K + g * 32 + 16), second, acc[r][c]);
+      }
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) out[r * N + n + c] = Vec::sum(acc[r][c]);
+}
+
+// output rows n0..n1 for the M rows of x: 4 output rows at a time (then one), and for each the rows of x 4 at a
+// time (then 2, then 1): the weights are read from memory once, whatever M
+#define SBD_ROWS(NAME, BLOCK, W)                                                                                  \
+  inline void NAME(const float* x, int64_t M, int64_t K, const W* w, const uint16_t* s, int64_t n0, int64_t n1, \
+                   float* out, int64_t N) {                                                                       \
+    int64_t n = n0;                                                                                               \
+    for (; n + 4 <= n1; n += 4) {                                                                                 \
+      int64_t r = 0;                                                                                              \
+      for (; r + 4 <= M; r += 4) BLOCK<4, 4>(x + r * K, K, w, s, n, out + r * N, N);                             \
+      for (; r + 2 <= M; r += 2) BLOCK<2, 4>(x + r * K, K, w, s, n, out + r * N, N);                             \
+      for (; r < M; ++r) BLOCK<1, 4>(x + r * K, K, w, s, n, out + r * N, N);                                      \
+    }                                                                                                             \
+    for (; n < n1; ++n) {                                                                                         \
+      int64_t r = 0;                                                                                              \
+      for (; r + 4 <= M; r += 4) BLOCK<4, 1>(x + r * K, K, w, s, n, out + r * N, N);                             \
+      for (; r < M; ++r) BLOCK<1, 1>(x + r * K, K, w, s, n, out + r * N, N);                                      \
+    }                                                                                                             \
+  }
+SBD_ROWS(int8_rows, int8_block, int8_t)
+SBD_ROWS(int4_rows, int4_block, uint8_t)
+#undef SBD_ROWS
