@@ -11,7 +11,9 @@ same turns: sbd's own forward of Llama-family models (`sbd.decoding.llama_forwar
 
 --accuracy N instead: N held-out questions of --task (gsm_symbolic by default; bare, through the chat template,
 --max-answer-tokens tokens), NTP in each format (sbd-verify gives the same tokens), final answers scored by
-reasoning-gym and compared with float32's final answers. Writes accuracy.md (accuracy_TASK.md for another task).
+reasoning-gym and compared with float32's final answers; int8 and int4 also on torch's kernels instead of
+sbd's own products (`sbd.models.quantized`), and how many answers the two kernels write alike. Writes
+accuracy.md (accuracy_TASK.md for another task).
 
 Reports tokens/s (median over prompts of tokens / seconds, and total tokens / total seconds), tokens per
 forward, whether sbd-verify gave exactly NTP's tokens of the same weights (the promise), and how many answers
@@ -29,6 +31,7 @@ from pathlib import Path
 from machine_name import machine
 
 FORMATS = ("float32", "int8", "int4")
+TORCH_KERNELS = "{} on torch's kernels"
 PROMPTS = ["What is 7 * 8? Explain.", "Write a python function that adds two numbers.",
            "Name three colours and say why the sky is blue.",
            "A train leaves at 3 pm and rides 2 hours. When does it arrive?",
@@ -61,6 +64,15 @@ def main() -> None:
     prompts = PROMPTS[: args.n]
     models = {fmt: sbd.load("smollm2", **({} if fmt == "float32" else {"weights": fmt})) for fmt in FORMATS}
     if args.accuracy:
+        from sbd.models import quantized
+
+        real = quantized.sbd_products
+        quantized.sbd_products = lambda: False  # the same formats on torch's kernels
+        try:
+            for fmt in FORMATS[1:]:
+                models[TORCH_KERNELS.format(fmt)] = sbd.load("smollm2", weights=fmt)
+        finally:
+            quantized.sbd_products = real
         return accuracy(models, args, torch)
     forwards = ("sbd", "transformers") if args.forwards == "both" else ("sbd",)
     configs = [(fmt, method, fwd) for fmt in FORMATS for method in ("ntp", "sbd-verify") for fwd in forwards]
@@ -110,11 +122,11 @@ def accuracy(models, args, torch) -> None:
     from sbd.tasks.splits import make_split
 
     examples = make_split(args.task, "test", args.accuracy, 0)
-    right = {fmt: [] for fmt in FORMATS}
-    texts = {fmt: [] for fmt in FORMATS}
-    answers = {fmt: [] for fmt in FORMATS}
+    right = {fmt: [] for fmt in models}
+    texts = {fmt: [] for fmt in models}
+    answers = {fmt: [] for fmt in models}
     for i, ex in enumerate(examples):
-        for fmt in FORMATS:
+        for fmt in models:
             model, tok = models[fmt]
             out = sbd.generate(model, tok, [ex["entry"]["question"]], method="ntp", max_new_tokens=args.max_answer_tokens,
                                chat=True)
@@ -134,12 +146,15 @@ def accuracy(models, args, torch) -> None:
              "(sbd-verify gives the same tokens of each format: results.md). float32 is the GGUF's Q4_1 weights "
              "dequantized, as `sbd.load(\"smollm2\")` imports them.", "",
              "| weights | correct final answers | of float32's correct ones kept | same final answer as float32 "
-             "| answers token-identical to float32 |", "|---|---:|---:|---:|---:|"]
-    for fmt in FORMATS:
+             "| answers token-identical to float32 | token-identical on sbd's products and torch's kernels |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for fmt in models:
         kept = sum(a and b for a, b in zip(right[fmt], base))
         same = sum(a == b for a, b in zip(texts[fmt], texts["float32"]))
         agree = sum(a == b for a, b in zip(answers[fmt], answers["float32"]))
-        lines.append(f"| {fmt} | {sum(right[fmt])}/{n} | {kept}/{sum(base)} | {agree}/{n} | {same}/{n} |")
+        other = TORCH_KERNELS.format(fmt)
+        kernels = f"{sum(a == b for a, b in zip(texts[fmt], texts[other]))}/{n}" if other in texts else "–"
+        lines.append(f"| {fmt} | {sum(right[fmt])}/{n} | {kept}/{sum(base)} | {agree}/{n} | {same}/{n} | {kernels} |")
     args.out.mkdir(parents=True, exist_ok=True)
     name = "accuracy.md" if args.task == "gsm_symbolic" else f"accuracy_{args.task}.md"
     (args.out / name).write_text("\n".join(lines) + "\n")
