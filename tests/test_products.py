@@ -88,10 +88,12 @@ def test_quantize_chooses_the_kernels_once_and_the_model_keeps_them(ext, monkeyp
     q = model.model.layers[0].self_attn.q_proj
     x = torch.randn(3, 64)
     want = q(x)
+    # sbd's products take the float32 activations as they are (torch's kernels round them to bfloat16)
     if fmt == "int8":
-        assert torch.equal(want, ext.int8_mm(x.to(torch.bfloat16), q.qweight, q.scales).float())
+        assert torch.equal(want, ext.int8_mm(x, q.qweight, q.scales))
     else:
-        assert torch.equal(want, ext.int4_mm(x.to(torch.bfloat16), q.qweight, q.scale_zero).float())
+        assert torch.equal(want, ext.int4_mm(x, q.qweight, q.scale_zero))
+    assert want.dtype == torch.float32 and not torch.equal(want, want.to(torch.bfloat16).float())
     monkeypatch.setenv("SBD_NATIVE", "0")  # switched off later: the model keeps its kernels (its tokens stay)
     assert torch.equal(q(x), want)
     plain = tiny.random_model(cfg, seed=4)
@@ -104,6 +106,7 @@ def test_quantize_chooses_the_kernels_once_and_the_model_keeps_them(ext, monkeyp
         assert torch.equal(q(x), torch._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), q.qweight, 32,
                                                                    q.scale_zero).float())
     assert (q(x) - want).abs().max() <= 2.0 ** -6 * want.abs().max()  # the same weights: bfloat16 rounding apart
+    assert torch.equal(q(x), q(x).to(torch.bfloat16).float())
 
 
 def test_an_input_size_the_cpu_int8_kernels_cannot_take_is_refused_in_one_line():

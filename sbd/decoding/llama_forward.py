@@ -11,7 +11,7 @@ What it does differently, each exact:
 - no nn.Module calls inside the decoder layers (the embedding and the output layer are still called as
   modules: the drafting adapter's mask embedding and the sampler head's capture hook on them run);
 - quantized layers (`sbd.models.quantized`) that share an input (q, k, v; gate, up) take one bfloat16
-  copy of it and, on a CPU, one kernel call (`joint_product`: each output column is computed alone, so
+  copy of it (torch's kernels; sbd's products take it as it is) and, on a CPU, one kernel call (`joint_product`: each output column is computed alone, so
   the columns are the layers' own bit for bit); their bfloat16 outputs are not widened: the float32
   operation that reads them (rotary, residual add, the activation's product) widens them exactly as a
   cast would;
@@ -94,10 +94,11 @@ def _rms_norm(norm: tuple[torch.Tensor, float], x: torch.Tensor) -> torch.Tensor
 
 def _linear_entry(lin, key: str | None, adapter) -> tuple:
     """(product, quantized, bias, adapter key, (Aᵀ, Bᵀ) of the adapter's update or None): a quantized
-    layer's kernel with its tensors bound (it takes the bfloat16 input), else the layer's own forward."""
+    layer's kernel with its tensors bound, and the input it takes ("bfloat16" torch's kernels, "as is" sbd's
+    products), else the layer's own forward and False."""
     update = (adapter.lora_A[key].t(), adapter.lora_B[key].t()) if key is not None else None
     if isinstance(lin, QuantizedLinear):
-        return lin.bound_product(), True, lin.bias, key, update
+        return lin.bound_product(), "bfloat16" if lin.takes_bfloat16 else "as is", lin.bias, key, update
     return lin.forward, False, None, key, update
 
 
@@ -160,7 +161,7 @@ class LlamaForward:
         for i, (norm1, norm2, hd, scaling, act, (q, k, v, o, gate_p, up, down), (qkv, gu), qkv_sizes,
                 gu_sizes) in enumerate(self.layers):
             x = _rms_norm(norm1, h)
-            xq, g = self._bf16(x, q), gate(x)
+            xq, g = self._kernel_input(x, q), gate(x)
             if qkv is not None:  # q and k rotated together: the same elementwise operations on both
                 qk, vs = self._qkv(qkv, (q, k, v), qkv_sizes, x, xq, g, hd, h.dtype)
                 qk = qk * cos + qk.roll(half, -1) * sin
@@ -174,12 +175,12 @@ class LlamaForward:
                 ks = ks * cos + ks.roll(half, -1) * sin
             ks, vs = cache.layers[i].update(ks, vs)
             att = attend(qs, ks, vs, layout, scaling).transpose(1, 2).reshape(B, W, -1)
-            h = h + self._linear(o, att, self._bf16(att, o), gate(att))
+            h = h + self._linear(o, att, self._kernel_input(att, o), gate(att))
             x = _rms_norm(norm2, h)
-            xq, g = self._bf16(x, gate_p), gate(x)
+            xq, g = self._kernel_input(x, gate_p), gate(x)
             yg, yu = _joint(gu, xq, gu_sizes)
             mid = act(self._linear(gate_p, x, xq, g, yg).to(h.dtype)) * self._linear(up, x, xq, g, yu)
-            h = h + self._linear(down, mid, self._bf16(mid, down), gate(mid))
+            h = h + self._linear(down, mid, self._kernel_input(mid, down), gate(mid))
         return self._head(h, logits_to_keep)
 
     def _gate_form(self, B: int, W: int, start, gated: bool, rows: bool, h: torch.Tensor) -> tuple | None:
@@ -221,13 +222,18 @@ class LlamaForward:
         return qk, y[:, sizes[0] + sizes[1] :].view(B, W, -1, hd).transpose(1, 2)
 
     @staticmethod
-    def _bf16(x: torch.Tensor, entry) -> torch.Tensor | None:
-        """The input of a quantized layer as its kernel takes it (once for the layers that share it)."""
-        return x.reshape(-1, x.shape[-1]).to(torch.bfloat16) if entry[1] else None
+    def _kernel_input(x: torch.Tensor, entry) -> torch.Tensor | None:
+        """The input of a quantized layer as its kernel takes it, once for the layers that share it: bfloat16
+        for torch's kernels, as it is for sbd's products; None for a float layer."""
+        if not entry[1]:
+            return None
+        flat = x.reshape(-1, x.shape[-1])
+        return flat.to(torch.bfloat16) if entry[1] == "bfloat16" else flat
 
     def _linear(self, entry, x: torch.Tensor, xq: torch.Tensor | None, gate,
                 joint: torch.Tensor | None = None) -> torch.Tensor:
-        """The layer's output for x (B, W, in): a quantized layer's in bfloat16 unless the adapter adds to it.
+        """The layer's output for x (B, W, in): a quantized layer's in its kernel's dtype (torch's: bfloat16)
+        unless the adapter adds to it.
         gate: None (no block in this forward), x's gated rows (one row, one start: the hook's own
         arithmetic on them, `gated_update`'s decoding path) or True (any other gate: `gate_output`);
         joint: the layer's columns of a joint product (`_joint`), computed already."""

@@ -13,20 +13,21 @@ group and row). On CUDA the same formats run on `torch._weight_int4pack_mm` (the
 w = (q - 8)·scale + zero, its own packing) and CUDA's `torch._weight_int8pack_mm`. All are private ops of
 torch: `check_kernels` runs each once on a small product on the model's device before a model is
 quantized, so a torch without them is refused in one line rather than failing mid-decoding.
-Activations enter in bfloat16 (the kernels' fast path; float32 activations take a scalar loop 20-50x
-slower) and the output is widened back to the model's dtype; everything outside the linear layers
-stays as loaded.
+On torch's kernels activations enter in bfloat16 (the kernels' fast path; float32 activations take a scalar
+loop 20-50x slower) and the output is widened back to the model's dtype; everything outside the linear
+layers stays as loaded.
 
 On a CPU sbd's own products replace torch's kernels (`sbd/native/products.h`, in sbd's compiled extension,
-`sbd.models.extension`): the same formulas (the sum in float32 over the dequantized weights, rounded to
-bfloat16), in a fixed order, the weights read once per call whatever the rows. torch's CPU kernels are
-bound by their arithmetic: SmolLM2's int8 output layer took 2.2 ms of a 10.8 ms int4 forward on a 2-core
-Xeon (sbd's: 1.1 ms), and its int4 layers 4.9 ms (sbd's: 4.3 ms). sbd's int4 weights are packed for its
-product (16 bytes per group of 32 inputs and output row, the scales beside them per row), so which
-kernels a model's layers run is chosen once, when `quantize` makes them (the extension is built then,
-synchronously, once per machine), and kept for the model's life: a model never changes kernels mid-way,
-so its tokens never depend on when a build finished. Where the extension cannot be built, or with
-`SBD_NATIVE=0`, torch's kernels run.
+`sbd.models.extension`): the same weights and dequantization (int8 times the row's scale; int4 as
+(q - 8)·scale + zero), with the activations in float32 as the model holds them (torch's kernels round them to
+bfloat16 on the way in and the products on the way out), summed in a fixed order, the weights read once
+per call whatever the rows. torch's CPU kernels are bound by their arithmetic: SmolLM2's int8 output layer
+took 2.2 ms of a 10.8 ms int4 forward on a 2-core Xeon (sbd's: 1.1 ms), and its int4 layers 4.9 ms (sbd's:
+4.3 ms). sbd's int4 weights are packed for its product (16 bytes per group of 32 inputs and output row, the
+scales beside them per row), so which kernels a model's layers run is chosen once, when `quantize` makes
+them (the extension is built then, synchronously, once per machine), and kept for the model's life: a model
+never changes kernels mid-way, so its tokens never depend on when a build finished. Where the extension
+cannot be built, or with `SBD_NATIVE=0`, torch's kernels run.
 
 Exactness: the kernels are row-invariant, i.e. row i of a many-row product is bit for bit the product
 of row i alone. With attention computed per committed token (the "exact" plan of
@@ -108,7 +109,8 @@ class QuantizedLinear(nn.Module):
         return self.qweight[index].float() * self.scales[index].float()[..., None]
 
     def product(self, flat: torch.Tensor) -> torch.Tensor:
-        """The kernel's product for bfloat16 rows (N, in): (N, out) in bfloat16, without the bias."""
+        """The kernel's product for rows (N, in) as it takes them (`takes_bfloat16`): (N, out) in their dtype,
+        without the bias."""
         return self.bound_product()(flat)
 
     def bound_product(self):
@@ -125,8 +127,14 @@ class QuantizedLinear(nn.Module):
         mm = torch._weight_int4pack_mm if qweight.is_cuda else torch._weight_int4pack_mm_for_cpu
         return lambda flat: mm(flat, qweight, group, scale_zero)
 
+    @property
+    def takes_bfloat16(self) -> bool:
+        """Whether the kernel takes its input in bfloat16 (torch's; sbd's products take float32 as it is)."""
+        return not (self.sbd_kernel and self.qweight.device.type == "cpu")
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.product(x.reshape(-1, self.in_features).to(torch.bfloat16)).to(x.dtype)
+        flat = x.reshape(-1, self.in_features)
+        y = self.product(flat.to(torch.bfloat16) if self.takes_bfloat16 else flat).to(x.dtype)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)

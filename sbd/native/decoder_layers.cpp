@@ -31,7 +31,7 @@ struct Linear {
 
   bool quantized() const { return kind == 1 || kind == 2 || kind == 4 || kind == 5; }
 
-  Tensor product(const Tensor& flat) const {  // the quantized kernels: bfloat16 rows in, bfloat16 out
+  Tensor product(const Tensor& flat) const {  // the quantized kernels, rows in as `kernel_input` gives them, out alike
     if (kind == 4) return sbd_products::int8_mm(flat, weight, scales);
     if (kind == 5) return sbd_products::int4_mm(flat, weight, scales);
     if (kind == 1) return at::_weight_int8pack_mm(flat, weight, scales);
@@ -197,8 +197,8 @@ Tensor add_gated(const Linear& lin, const Tensor& x, const Tensor& out, const St
   return out;
 }
 
-// The layer's output for x (B, W, in): a quantized layer's stays bfloat16 unless the adapter adds to it
-// (llama_forward.LlamaForward._linear).
+// The layer's output for x (B, W, in): a quantized layer's stays in its kernel's dtype (torch's: bfloat16)
+// unless the adapter adds to it (llama_forward.LlamaForward._linear).
 Tensor linear(const Linear& lin, const Tensor& x, const Tensor& xq, const Step& st, const Tensor& joint = Tensor()) {
   Tensor y;
   if (lin.quantized()) {
@@ -213,9 +213,12 @@ Tensor linear(const Linear& lin, const Tensor& x, const Tensor& xq, const Step& 
   return add_gated(lin, x, y.to(x.scalar_type()), st);
 }
 
-Tensor bf16(const Tensor& x, const Linear& lin) {
+// A quantized layer's input as its kernel takes it: bfloat16 for torch's kernels (kinds 1, 2), as it is for
+// sbd's products (4, 5); none for a float layer (LlamaForward._kernel_input).
+Tensor kernel_input(const Tensor& x, const Linear& lin) {
   if (!lin.quantized()) return Tensor();
-  return x.reshape({-1, x.size(-1)}).to(at::kBFloat16);
+  Tensor flat = x.reshape({-1, x.size(-1)});
+  return lin.kind == 4 || lin.kind == 5 ? flat : flat.to(at::kBFloat16);
 }
 
 class DecoderLayers {
@@ -249,7 +252,7 @@ class DecoderLayers {
       const Layer& L = layers_[i];
       int64_t hd = L.head_dim;
       Tensor x = rms_norm(L.norm1, L.eps1, h);
-      Tensor xq = bf16(x, L.q);
+      Tensor xq = kernel_input(x, L.q);
       Tensor qs, ks, vs;
       if (L.qkv.present) {
         const auto& sz = L.qkv.sizes;
@@ -287,16 +290,16 @@ class DecoderLayers {
       kc = kc.slice(2, 0, st.visible);
       vc = vc.slice(2, 0, st.visible);
       Tensor att = attend(qs, kc, vc, st, L.scaling).transpose(1, 2).reshape({B, W, -1});
-      h = h + linear(L.o, att, bf16(att, L.o), st);
+      h = h + linear(L.o, att, kernel_input(att, L.o), st);
       x = rms_norm(L.norm2, L.eps2, h);
-      xq = bf16(x, L.gate);
+      xq = kernel_input(x, L.gate);
       Tensor yg, yu;
       if (L.gu.present) {
         auto parts = L.gu.product.product(xq).split_with_sizes(L.gu.sizes, -1);
         yg = parts[0], yu = parts[1];
       }
       Tensor mid = at::silu(linear(L.gate, x, xq, st, yg).to(dtype)) * linear(L.up, x, xq, st, yu);
-      h = h + linear(L.down, mid, bf16(mid, L.down), st);
+      h = h + linear(L.down, mid, kernel_input(mid, L.down), st);
     }
     return h;
   }

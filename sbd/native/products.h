@@ -1,11 +1,12 @@
 // sbd's weight-only products on a CPU, int8 and int4, each row of x against the weights' output rows:
-//   int8: y[r, n] = (Σ_k x[r, k] · w[n, k]) · scale[n]    (torch's `_weight_int8pack_mm` formula)
-//   int4: y[r, n] = Σ_k x[r, k] · ((q[n, k] − 8) · s[n, g] + z[n, g]), g = k / 32   (torch's int4 formula)
-// x in float32 or bfloat16, y in x's dtype; scales in bfloat16.
+//   int8: y[r, n] = (Σ_k x[r, k] · w[n, k]) · scale[n]    (torch's `_weight_int8pack_mm` dequantization)
+//   int4: y[r, n] = Σ_k x[r, k] · ((q[n, k] − 8) · s[n, g] + z[n, g]), g = k / 32   (torch's int4 dequantization)
+// x in float32 (taken as it is: torch's kernels round it to bfloat16) or bfloat16, y in x's dtype; scales in
+// bfloat16.
 //
 // Why: torch's CPU kernels are bound by their arithmetic: SmolLM2's int8 output layer (49,152 x 576) took
 // 2.2 ms of a 10.8 ms int4 forward on a 2-core Xeon where reading its 28 MB takes ~1.2 ms, and each extra row
-// of an int4 product cost ~1.6 ms a forward. Here the weights are read once per call whatever the rows
+// of an int4 product cost ~1.4 ms a forward. Here the weights are read once per call whatever the rows
 // (4 rows and 4 output rows at a time, the next ones asked for ahead), and every output is one sum over K in
 // 16 float lanes (fused multiply-adds, K in order) whose lanes add in a fixed tree: the same arithmetic
 // whatever the rows, the threads or the instruction set (AVX-512, AVX2 or plain C++, picked at run time;
