@@ -160,14 +160,26 @@ inline Isa chosen(int64_t use) {
   return run;
 }
 
-// x as float rows, the product's float output, and x's dtype back at the end
-struct Operands {
-  at::Tensor xf, out;
-  int64_t M, K;
-  Operands(const at::Tensor& x, int64_t N) : xf(x.to(at::kFloat).contiguous()), M(x.size(0)), K(x.size(1)) {
-    out = at::empty({M, N}, x.options().dtype(at::kFloat));
-  }
-};
+// one instruction set's loops over output rows n0..n1 (products_body.h's int8_rows, int4_rows)
+template <typename W>
+using Rows = void (*)(const float*, int64_t, int64_t, const W*, const uint16_t*, int64_t, int64_t, float*, int64_t);
+
+// x's rows against all of w's output rows with `rows` of the chosen instruction set: (M, N) in x's dtype; the
+// threads split the output rows (each computed alone: the split changes no bits), `grain` at least per thread
+template <typename W>
+at::Tensor run(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, int64_t use, int64_t grain,
+               const Rows<W> (&rows)[3]) {
+  const Rows<W> fn = rows[static_cast<int>(chosen(use))];
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  at::Tensor xf = x.to(at::kFloat).contiguous(), wc = w.contiguous(), sc = scales.contiguous();
+  at::Tensor out = at::empty({M, N}, x.options().dtype(at::kFloat));
+  const float* xp = xf.data_ptr<float>();
+  const W* wp = reinterpret_cast<const W*>(wc.data_ptr());
+  const uint16_t* sp = reinterpret_cast<const uint16_t*>(sc.data_ptr<at::BFloat16>());
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) { fn(xp, M, K, wp, sp, n0, n1, op, N); });
+  return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
+}
 
 // x (M, K) float32 or bfloat16, w (N, K) int8, scale (N) bfloat16: (M, N) in x's dtype. use: the instruction
 // set (0 plain, 1 AVX2, 2 AVX-512; -1 the best this CPU has): the tests run each, for the same bits.
@@ -176,21 +188,8 @@ inline at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& w, const at::Te
   TORCH_CHECK(w.scalar_type() == at::kChar && scale.scalar_type() == at::kBFloat16 && scale.numel() == w.size(0),
               "int8_mm: int8 weights, one bfloat16 scale per output row");
   TORCH_CHECK(x.size(1) % LANES == 0, "int8_mm: the input size must be a multiple of ", LANES);
-  const Isa run = chosen(use);
-  const int64_t N = w.size(0);
-  Operands o(x, N);
-  at::Tensor wc = w.contiguous(), sc = scale.contiguous();
-  const float* xp = o.xf.data_ptr<float>();
-  const int8_t* wp = wc.data_ptr<int8_t>();
-  const uint16_t* sp = reinterpret_cast<const uint16_t*>(sc.data_ptr<at::BFloat16>());
-  float* op = o.out.data_ptr<float>();
-  // the threads split the output rows (each computed alone: the split changes no bits)
-  at::parallel_for(0, N, 256, [&](int64_t n0, int64_t n1) {
-    if (run == Isa::avx512) avx512::int8_rows(xp, o.M, o.K, wp, sp, n0, n1, op, N);
-    else if (run == Isa::avx2) avx2::int8_rows(xp, o.M, o.K, wp, sp, n0, n1, op, N);
-    else plain::int8_rows(xp, o.M, o.K, wp, sp, n0, n1, op, N);
-  });
-  return x.scalar_type() == at::kFloat ? o.out : o.out.to(x.scalar_type());
+  static const Rows<int8_t> rows[3] = {plain::int8_rows, avx2::int8_rows, avx512::int8_rows};
+  return run<int8_t>(x, w, scale, use, 256, rows);
 }
 
 // x (M, K) float32 or bfloat16, w (N, K / 2) uint8 (`int4_pack`), sz (N, K / 32, 2) bfloat16 (s, z per group of
@@ -201,20 +200,8 @@ inline at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& w, const at::Te
   TORCH_CHECK(w.scalar_type() == at::kByte && sz.scalar_type() == at::kBFloat16 && sz.dim() == 3 &&
                   sz.size(0) == w.size(0) && sz.size(1) == x.size(1) / 32 && sz.size(2) == 2,
               "int4_mm: uint8 weights, bfloat16 (scale, zero) per output row and group of 32");
-  const Isa run = chosen(use);
-  const int64_t N = w.size(0);
-  Operands o(x, N);
-  at::Tensor wc = w.contiguous(), sc = sz.contiguous();
-  const float* xp = o.xf.data_ptr<float>();
-  const uint8_t* wp = wc.data_ptr<uint8_t>();
-  const uint16_t* sp = reinterpret_cast<const uint16_t*>(sc.data_ptr<at::BFloat16>());
-  float* op = o.out.data_ptr<float>();
-  at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
-    if (run == Isa::avx512) avx512::int4_rows(xp, o.M, o.K, wp, sp, n0, n1, op, N);
-    else if (run == Isa::avx2) avx2::int4_rows(xp, o.M, o.K, wp, sp, n0, n1, op, N);
-    else plain::int4_rows(xp, o.M, o.K, wp, sp, n0, n1, op, N);
-  });
-  return x.scalar_type() == at::kFloat ? o.out : o.out.to(x.scalar_type());
+  static const Rows<uint8_t> rows[3] = {plain::int4_rows, avx2::int4_rows, avx512::int4_rows};
+  return run<uint8_t>(x, w, sz, use, 64, rows);
 }
 
 // int4 values (N, K) int32 or uint8, 0..15, in int4_mm's layout: per group of 32 inputs 16 bytes, byte i holding
