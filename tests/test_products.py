@@ -119,3 +119,16 @@ def test_an_input_size_the_cpu_int8_kernels_cannot_take_is_refused_in_one_line()
             quantized.quantize(model, fmt)
         assert quantized.weights_format(model) is None
     assert not quantized.QuantizedLinear.from_linear(nn.Linear(40, 8), "int8", sbd=True).sbd_kernel
+
+
+def test_int4_packed_for_sbds_product_refuses_another_device_in_one_line(ext):
+    """sbd's int4 layout is its own: moved off the CPU, no kernel there reads it, so the layer says so rather
+    than computing garbage (its tensors on the meta device stand for a GPU here)."""
+    cfg = tiny.tiny_config("llama", vocab_size=64, hidden=64, layers=1, heads=2, kv_heads=1, context=64)
+    model = tiny.random_model(cfg, seed=5)
+    quantized.quantize(model, "int4")
+    q = model.model.layers[0].self_attn.q_proj
+    assert q.sbd_kernel and q.fmt == "int4"
+    q.qweight = q.qweight.to("meta")
+    with pytest.raises(SBDError, match="packed for sbd's CPU product and cannot run on meta"):
+        q(torch.randn(2, 64))

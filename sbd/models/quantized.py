@@ -39,8 +39,9 @@ logits' gaps.
 
 int4 needs the output size to be a multiple of 16 and the input size of the group; a layer that is not
 (e.g. an output layer of 49,153 rows) takes int8. Every input size must be a multiple of 16 on a CPU
-(torch's int8 kernel ends the process on others: `quantize` refuses such a model in one line). The output layer is always int8: its rows are the
-vocabulary, and a drafting model's added mask token rarely leaves it a multiple of 16.
+(torch's int8 kernel ends the process on others: `quantize` refuses such a model in one line). The output
+layer is always int8: its rows are the vocabulary, and a drafting model's added mask token rarely leaves it
+a multiple of 16.
 """
 
 from __future__ import annotations
@@ -121,7 +122,10 @@ class QuantizedLinear(nn.Module):
             mm = _int8_kernel(self.sbd_kernel, qweight)
             return lambda flat: mm(flat, qweight, scales)
         qweight, group, scale_zero = self.qweight, self.group, self.scale_zero
-        if self.sbd_kernel and qweight.device.type == "cpu":
+        if self.sbd_kernel:  # packed for sbd's CPU product: no other kernel reads this layout
+            if qweight.device.type != "cpu":
+                raise SBDError(f"int4 weights quantized on a CPU are packed for sbd's CPU product and cannot run on "
+                               f"{qweight.device.type}: load the model there with weights=\"int4\" instead")
             int4 = _SBD[0].int4_mm
             return lambda flat: int4(flat, qweight, scale_zero)
         mm = torch._weight_int4pack_mm if qweight.is_cuda else torch._weight_int4pack_mm_for_cpu
