@@ -10,11 +10,11 @@ order, and gives bit for bit transformers' logits (tests/test_llama_forward.py),
 What it does differently, each exact:
 - no nn.Module calls inside the decoder layers (the embedding and the output layer are still called as
   modules: the drafting adapter's mask embedding and the sampler head's capture hook on them run);
-- quantized layers (`sbd.models.quantized`) that share an input (q, k, v; gate, up) take one bfloat16
-  copy of it (torch's kernels; sbd's products take it as it is) and, on a CPU, one kernel call (`joint_product`: each output column is computed alone, so
-  the columns are the layers' own bit for bit); their bfloat16 outputs are not widened: the float32
-  operation that reads them (rotary, residual add, the activation's product) widens them exactly as a
-  cast would;
+- quantized layers (`sbd.models.quantized`) that share an input (q, k, v; gate, up) take one copy of it
+  (bfloat16 for torch's kernels; sbd's products take it as it is) and, on a CPU, one kernel call
+  (`joint_product`: each output column is computed alone, so the columns are the layers' own bit for bit);
+  torch's bfloat16 outputs are not widened: the float32 operation that reads them (rotary, residual add,
+  the activation's product) widens them exactly as a cast would;
 - the rotary embedding's cos/sin are laid out once per forward, and its half rotation is a `roll` of the
   halves times a sine whose first half is negated: (−x₂)·s = x₂·(−s) in floating point;
 - the drafting adapter's gated update is added by the same function its hooks call (`gate_output`), only

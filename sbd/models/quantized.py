@@ -191,18 +191,23 @@ def joint_product(layers: tuple[QuantizedLinear, ...]):
 
 
 class JointProduct:
-    """`joint_product`'s product: the joint weights with their kernel (a callable of the bfloat16 input);
-    sbd's native decoder layers read the tensors themselves (`sbd.decoding.native_layers`)."""
+    """`joint_product`'s product: the joint weights with their kernel (a callable of the input as the kernel
+    takes it, `QuantizedLinear.takes_bfloat16`); sbd's native decoder layers read the tensors themselves
+    (`sbd.decoding.native_layers`)."""
 
     def __init__(self, fmt: str, weight: torch.Tensor, scales: torch.Tensor, group: int, sbd_kernel: bool = False):
         self.fmt, self.weight, self.scales, self.group, self.sbd_kernel = fmt, weight, scales, group, sbd_kernel
+        if fmt == "int8":  # the kernel bound once: the Python layers call this per forward
+            mm = _int8_kernel(sbd_kernel, weight)
+            self._product = lambda flat: mm(flat, weight, scales)
+        elif sbd_kernel:
+            mm = _SBD[0].int4_mm
+            self._product = lambda flat: mm(flat, weight, scales)
+        else:
+            self._product = lambda flat: torch._weight_int4pack_mm_for_cpu(flat, weight, group, scales)
 
     def __call__(self, flat: torch.Tensor) -> torch.Tensor:
-        if self.fmt == "int8":
-            return _int8_kernel(self.sbd_kernel, self.weight)(flat, self.weight, self.scales)
-        if self.sbd_kernel:
-            return _SBD[0].int4_mm(flat, self.weight, self.scales)
-        return torch._weight_int4pack_mm_for_cpu(flat, self.weight, self.group, self.scales)
+        return self._product(flat)
 
 
 _SBD: list = []  # sbd's compiled products, once loaded: kept for the process (the layers that chose them need them)
