@@ -43,8 +43,8 @@ def main() -> None:
     from sbd.training.data import load_records, tokenize_records
     from sbd.training.loss import sbd_loss
 
-    full, tok = sbd.load(args.model)
-    frozen, _ = sbd.load(args.model)
+    full, tok = sbd.load(args.model, weights="float")
+    frozen, _ = sbd.load(args.model, weights="float")
     frozen.requires_grad_(False)
     adapters.attach(frozen, adapters.AdapterConfig(r=args.rank))
     data = tokenize_records(load_records(args.data), tok, 512, tok.mask_token_id)

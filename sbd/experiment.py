@@ -183,7 +183,7 @@ class Experiment:
         from .models.loading import load
 
         for mode in ("ntp", "sbd"):
-            model, tok = load(self.path(mode), dtype=torch.float32)
+            model, tok = load(self.path(mode), dtype=torch.float32, weights="float")
             dest = self.path("release") / mode
             model.to(torch.float16).save_pretrained(dest)
             tok.save_pretrained(dest)
@@ -206,7 +206,7 @@ class Experiment:
 
         rows, checks = [], {}
         for mode, label, gammas in (("ntp", "NTP-trained", []), ("sbd", "SBD-trained", list(s.gammas))):
-            model, tok = load(self.path("release") / mode, dtype=torch.float32)
+            model, tok = load(self.path("release") / mode, dtype=torch.float32, weights="float")
             examples = heldout_examples(tok, list(s.tasks), s.check_per_task, s.seed, s.max_len)
             checks[mode] = convergence_check(model, examples, block_size=s.block_size, progress=self.progress)
             rows += evaluate(model, tok, gammas=gammas, label=label, **common)

@@ -1,6 +1,7 @@
 """sbd's int8 and int4 products (`sbd/native/products.h`, chosen by `sbd.models.quantized.quantize` on a CPU):
-the formulas torch's kernels compute, each row bit for bit the same alone or among others, whatever the
-threads or the instruction set; a model keeps the kernels it was quantized with."""
+GGUF's Q8_0 and Q4_1 forms, each weight formed exactly as they define it, each row bit for bit the same alone
+or among others, whatever the threads or the instruction set; a model keeps the kernels it was quantized
+with."""
 
 from __future__ import annotations
 
@@ -23,23 +24,29 @@ def ext():
         pytest.skip("no C++ compiler here: sbd's extension cannot be built (torch's kernels run)")
 
 
-def _int8(ext, n: int, k: int, g: torch.Generator):
-    """(product of x and use, the same weights dequantized in float64)"""
+def _int8(ext, n: int, k: int, g: torch.Generator, tail: int = 0):
+    """(product of x and use, the same weights dequantized in float64): Q8_0's form, w = q·d per group of 32,
+    then `tail` float32 rows"""
     w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
-    scale = (torch.rand(n, generator=g) / 50 + 1e-3).to(torch.bfloat16)
-    return (lambda x, use=-1: ext.int8_mm(x, w, scale, use)), w.double() * scale.double()[:, None]
+    d = (torch.rand(n, k // 32, generator=g) / 50 + 1e-3).to(torch.float16)
+    rows = torch.randn(tail, k, generator=g) if tail else None
+    dense = w.double() * d.double().repeat_interleave(32, 1)
+    if tail:
+        dense = torch.cat([dense, rows.double()])
+    return (lambda x, use=-1: ext.int8_mm(x, w, d, rows, use)), dense
 
 
 def _int4(ext, n: int, k: int, g: torch.Generator):
+    """Q4_1's form: w = q·d + m per group of 32, q in 0..15"""
     q = torch.randint(0, 16, (n, k), generator=g)
-    sz = torch.stack([torch.rand(n, k // 32, generator=g) / 10 + 0.01, torch.randn(n, k // 32, generator=g) / 10], -1)
-    sz = sz.to(torch.bfloat16)
+    dm = torch.stack([torch.rand(n, k // 32, generator=g) / 10 + 0.01, torch.randn(n, k // 32, generator=g) / 10], -1)
+    dm = dm.to(torch.float16)
     packed = ext.int4_pack(q)
-    dense = (q.double() - 8) * sz[..., 0].double().repeat_interleave(32, 1) + sz[..., 1].double().repeat_interleave(32, 1)
-    return (lambda x, use=-1: ext.int4_mm(x, packed, sz, use)), dense
+    dense = q.double() * dm[..., 0].double().repeat_interleave(32, 1) + dm[..., 1].double().repeat_interleave(32, 1)
+    return (lambda x, use=-1: ext.int4_mm(x, packed, dm, use)), dense
 
 
-PRODUCTS = {"int8": _int8, "int4": _int4}
+PRODUCTS = {"int8": _int8, "int4": _int4, "int8 with float rows": lambda *a: _int8(*a, tail=5)}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -49,7 +56,7 @@ def test_every_instruction_set_row_count_and_thread_count_give_the_same_bits(ext
     mm, _ = PRODUCTS[fmt](ext, 103, 96, g)  # 103 output rows: 4 at a time, then one by one
     x = torch.randn(9, 96, generator=g).to(dtype)
     want = mm(x, 0)
-    assert want.dtype == dtype and want.shape == (9, 103)
+    assert want.dtype == dtype and want.shape == (9, 103 + 5 * (fmt == "int8 with float rows"))
     threads = torch.get_num_threads()
     try:
         for n_threads in (1, 2):
@@ -64,9 +71,11 @@ def test_every_instruction_set_row_count_and_thread_count_give_the_same_bits(ext
 
 
 @pytest.mark.parametrize("fmt", PRODUCTS)
-def test_they_compute_their_formula_as_torchs_kernels_do(ext, fmt):
+def test_they_compute_their_formula_on_exactly_its_weights(ext, fmt):
     g = torch.Generator().manual_seed(1)
     mm, dense = PRODUCTS[fmt](ext, 64, 576, g)
+    for use in range(ext.isa() + 1):  # the identity's rows give back every weight, formed bit for bit
+        assert torch.equal(mm(torch.eye(576), use).t(), dense.float())
     x = torch.randn(5, 576, generator=g)
     exact = x.double() @ dense.t()
     assert ((mm(x).double() - exact).abs().max() / exact.abs().max()) < 1e-6  # float32 sums, in order
@@ -92,7 +101,7 @@ def test_quantize_chooses_the_kernels_once_and_the_model_keeps_them(ext, monkeyp
     if fmt == "int8":
         assert torch.equal(want, ext.int8_mm(x, q.qweight, q.scales))
     else:
-        assert torch.equal(want, ext.int4_mm(x, q.qweight, q.scale_zero))
+        assert torch.equal(want, ext.int4_mm(x, q.qweight, q.scale_min))
     assert want.dtype == torch.float32 and not torch.equal(want, want.to(torch.bfloat16).float())
     monkeypatch.setenv("SBD_NATIVE", "0")  # switched off later: the model keeps its kernels (its tokens stay)
     assert torch.equal(q(x), want)
@@ -105,7 +114,10 @@ def test_quantize_chooses_the_kernels_once_and_the_model_keeps_them(ext, monkeyp
     else:
         assert torch.equal(q(x), torch._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), q.qweight, 32,
                                                                    q.scale_zero).float())
-    assert (q(x) - want).abs().max() <= 2.0 ** -6 * want.abs().max()  # the same weights: bfloat16 rounding apart
+    # the same float weights quantized in torch's forms: each within its rounding of the float product
+    exact = x @ tiny.random_model(cfg, seed=4).model.layers[0].self_attn.q_proj.weight.detach().t()
+    for got in (q(x), want):
+        assert (got - exact).abs().max() <= 0.1 * exact.abs().max()
     assert torch.equal(q(x), q(x).to(torch.bfloat16).float())
 
 
@@ -121,14 +133,52 @@ def test_an_input_size_the_cpu_int8_kernels_cannot_take_is_refused_in_one_line()
     assert not quantized.QuantizedLinear.from_linear(nn.Linear(40, 8), "int8", sbd=True).sbd_kernel
 
 
-def test_int4_packed_for_sbds_product_refuses_another_device_in_one_line(ext):
-    """sbd's int4 layout is its own: moved off the CPU, no kernel there reads it, so the layer says so rather
+@pytest.mark.parametrize("fmt", quantized.FORMATS)
+def test_sbds_formats_refuse_another_device_in_one_line(ext, fmt):
+    """sbd's formats are its own: moved off the CPU, no kernel there reads them, so the layer says so rather
     than computing garbage (its tensors on the meta device stand for a GPU here)."""
     cfg = tiny.tiny_config("llama", vocab_size=64, hidden=64, layers=1, heads=2, kv_heads=1, context=64)
     model = tiny.random_model(cfg, seed=5)
-    quantized.quantize(model, "int4")
+    quantized.quantize(model, fmt)
     q = model.model.layers[0].self_attn.q_proj
-    assert q.sbd_kernel and q.fmt == "int4"
+    assert q.sbd_kernel and q.fmt == fmt
     q.qweight = q.qweight.to("meta")
-    with pytest.raises(SBDError, match="packed for sbd's CPU product and cannot run on meta"):
+    with pytest.raises(SBDError, match=f"{fmt} weights made on a CPU are in sbd's CPU formats and cannot run on meta"):
         q(torch.randn(2, 64))
+
+
+def test_every_float16_scale_is_read_exactly_on_every_instruction_set(ext):
+    """The numbers beside the int values are float16 (GGUF's): every finite one, subnormals included, is
+    read as torch reads it, by the plain C++ conversion and by F16C's alike."""
+    bits = torch.arange(0, 1 << 16, dtype=torch.int32).to(torch.int16).view(torch.float16)
+    d = bits[torch.isfinite(bits)]
+    d = d[: len(d) // 32 * 32].reshape(-1, 32)  # (N, 32): one output row per 32 numbers, K = 1024
+    w = torch.ones(len(d), 32 * 32, dtype=torch.int8)
+    one = torch.zeros(1, 1024)
+    for group in range(0, 32, 7):
+        one.zero_()
+        one[0, group * 32] = 1  # the first input of a group: the output is that group's scale
+        for use in range(ext.isa() + 1):
+            assert torch.equal(ext.int8_mm(one, w, d, None, use)[0], d[:, group].float())
+
+
+def test_weights_from_q8_0_and_q4_1_are_given_back_with_the_files_own_numbers():
+    """`sbd_groups` of float weights that came from a Q8_0 or Q4_1 tensor finds the file's own scales (and
+    minima) and values: the weights they form are the float weights bit for bit (what `sbd.models.lossless`
+    rests on)."""
+    g = torch.Generator().manual_seed(7)
+    n, k = 48, 128
+    d = (torch.rand(n, k // 32, generator=g) / 20 + 1e-4).to(torch.float16)
+    m = (-torch.rand(n, k // 32, generator=g) / 4).to(torch.float16)
+    q4 = torch.randint(0, 16, (n, k // 32, 32), generator=g)
+    q4[..., 3], q4[..., 9] = 0, 15  # as Q4_1 writes them: each group spans its minimum and maximum
+    w4 = (q4.float() * d.float()[..., None] + m.float()[..., None]).reshape(n, k)
+    values, dm = quantized.sbd_groups(w4, "int4")
+    assert torch.equal(dm[..., 0], d) and torch.equal(dm[..., 1], m) and torch.equal(values.long(), q4.reshape(n, k))
+    assert torch.equal(quantized.int4_weights(values, dm), w4)
+    q8 = torch.randint(-127, 128, (n, k // 32, 32), generator=g)
+    q8[..., 5] = 127 * torch.where(torch.rand(n, k // 32, generator=g) < 0.5, 1, -1)  # Q8_0: |q| reaches 127
+    w8 = (q8.float() * d.float()[..., None]).reshape(n, k)
+    values, scales = quantized.sbd_groups(w8, "int8")
+    assert torch.equal(scales, d) and torch.equal(values.long(), q8.reshape(n, k))
+    assert torch.equal(quantized.int8_weights(values, scales), w8)

@@ -18,7 +18,7 @@ from turns import prompt_set, take_turns
 
 def main(fmt: str, which: str) -> None:
     torch.set_num_threads(2)
-    model, tok = sbd.load("smollm2", **({} if fmt == "float32" else {"weights": fmt}))
+    model, tok = sbd.load("smollm2", weights="float" if fmt == "float32" else fmt)
     settings = {"whole block": DraftOptions(price_first_draft=False), "priced": DraftOptions(price_first_draft=True)}
     take_turns({k: (lambda p, o=o: sbd.generate(model, tok, [p], max_new_tokens=96, chat=True, draft_options=o))
                 for k, o in settings.items()}, prompt_set(which), f"{fmt} {which}")

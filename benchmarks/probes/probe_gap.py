@@ -20,7 +20,7 @@ GAPS = (16, 48, 128)
 
 def main(fmt: str, which: str) -> None:
     torch.set_num_threads(2)
-    model, tok = sbd.load("smollm2", **({} if fmt == "float32" else {"weights": fmt}))
+    model, tok = sbd.load("smollm2", weights="float" if fmt == "float32" else fmt)
     settings = {"ntp": {"method": "ntp"}}
     settings.update({f"probe every {g}": {"draft_options": DraftOptions(probe_every=g)} for g in GAPS})
     take_turns({k: (lambda p, kw=kw: sbd.generate(model, tok, [p], max_new_tokens=96, chat=True, **kw))

@@ -29,7 +29,7 @@ def priced_alone(alpha, cost, longest, tree=(), restart=True):
 
 def main(fmt: str, which: str) -> None:
     torch.set_num_threads(2)
-    model, tok = sbd.load("smollm2", **({} if fmt == "float32" else {"weights": fmt}))
+    model, tok = sbd.load("smollm2", weights="float" if fmt == "float32" else fmt)
     settings = {"ntp": (best_draft_length, {"method": "ntp"}), "priced alone": (priced_alone, {}),
                 "with the restart": (best_draft_length, {})}
 

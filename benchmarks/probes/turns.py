@@ -48,7 +48,7 @@ def patched_turns(module, name: str, settings: dict[str, object], fmt: str, whic
     import sbd
 
     torch.set_num_threads(2)
-    model, tok = sbd.load("smollm2", **({} if fmt == "float32" else {"weights": fmt}))
+    model, tok = sbd.load("smollm2", weights="float" if fmt == "float32" else fmt)
 
     def run(value, method):
         def go(p):

@@ -39,7 +39,7 @@ def main() -> None:
     from sbd.masks import inference_mask
     from sbd.models.cache_arg import with_cache
 
-    model, _ = sbd.load(args.model)
+    model, _ = sbd.load(args.model, weights="float")
     adapter = adapter_of(model)
     if adapter is None:
         raise SystemExit(f"{args.model} has no drafting adapter")

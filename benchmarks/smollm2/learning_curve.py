@@ -60,7 +60,7 @@ def main() -> None:
 
     runs = [Path(r) for r in args.runs]
     reference = Path(args.reference) if args.reference else start_model(runs[0])
-    base, tok = sbd.load(str(reference))
+    base, tok = sbd.load(str(reference), weights="float")
     ids = encode_prompts(tok, load_prompts(args.prompts)[: args.n], chat=True)
     ref = [sbd.generate(base, tok, [p], method="ntp", max_new_tokens=args.max_new_tokens).token_ids[0] for p in ids]
 
@@ -84,7 +84,7 @@ def main() -> None:
                 tpf, same = measure(base)
                 adapters.detach(base)
             else:
-                model, _ = sbd.load(str(ck))
+                model, _ = sbd.load(str(ck), weights="float")
                 tpf, same = measure(model)
                 del model
             step = int(ck.name.split("-")[1])

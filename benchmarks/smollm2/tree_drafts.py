@@ -90,7 +90,7 @@ def main() -> None:
     from sbd.drafters.sampler_head import enabled
     from sbd.tasks.prompts import load_prompts
 
-    model, tok = sbd.load(args.model)
+    model, tok = sbd.load(args.model, weights="float")  # trees: float layers
     ids = encode_prompts(tok, load_prompts(args.prompts)[: args.n], chat=True)
     configs = [c.strip() for c in args.configs.split(";") if c.strip()]
     ref, hf_t, pl_t, pln_t = [], [], [], []

@@ -96,16 +96,18 @@ def config_from_args(cls, namespace: argparse.Namespace):
     return cls(**{f.name: getattr(namespace, f.name) for f in dataclasses.fields(cls)})
 
 
-WEIGHTS_HELP = ("the base model's linear layers as loaded (float, the default) or quantized weight-only on torch's "
-                "kernels: int8 (per output row; CPU only, CUDA's kernel is slower than bfloat16) or int4 (groups of "
-                "32), the output layer int8; a batch-1 forward reads 4-6x fewer bytes, and sbd-verify stays exactly "
-                "NTP's tokens of those weights")
+WEIGHTS_HELP = ("the base model's linear layers: auto (the default) as stored, held on a CPU in int4/int8 where "
+                "that is exact: a GGUF's Q4_1 and Q8_0 tensors, the same numbers in a quarter to a sixth of the "
+                "bytes; float: as stored, all float; int8 or int4: quantized weight-only in groups of 32 (the "
+                "output layer int8; int8 on a CPU only), which changes the weights and some answers, while "
+                "sbd-verify stays exactly NTP's tokens of those weights")
 
 
 def add_weights_option(p) -> None:
-    p.add_argument("--weights", choices=["float", "int8", "int4"], default="float", help=WEIGHTS_HELP)
+    p.add_argument("--weights", choices=["auto", "float", "int8", "int4"], default="auto", help=WEIGHTS_HELP)
 
 
 def weights_arg(args) -> bool | str:
     """--weights as `sbd.load` takes it."""
-    return True if getattr(args, "weights", "float") == "float" else args.weights
+    weights = getattr(args, "weights", "auto")
+    return True if weights == "auto" else weights

@@ -51,7 +51,7 @@ def cmd_convergence(args) -> None:
     from ..models.loading import load
     from ..training.data import load_records, tokenize_records
 
-    model, tokenizer = load(args.model, dtype=torch.float32)
+    model, tokenizer = load(args.model, dtype=torch.float32, weights="float")
     if getattr(model.config, "sbd_mask_token_id", None) is None:
         raise SBDError(f"{args.model!r} has no SBD mask token: it was not trained for SBD (sbd train adds one)")
     if tasks is not None:

@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _stats(result, weights: str = "float") -> dict:
+def _stats(result, weights: str) -> dict:
     stats = {
         "weights": weights,
         "NFE": sum(result.nfe),
@@ -204,7 +204,9 @@ def cmd_generate(args) -> None:
             if labelled:
                 print(f"--- {method}")
             print(r.texts[i], flush=True)
-    stats = {m.upper(): _stats(r, args.weights) for m, r in results.items()}
+    from ..models.quantized import held_weights
+
+    stats = {m.upper(): _stats(r, held_weights(model)) for m, r in results.items()}
     if len(args.prompts) > 1:
         for s, r in zip(stats.values(), results.values()):
             s["NFE per prompt"] = ", ".join(map(str, r.nfe))

@@ -43,8 +43,9 @@ def model_from_args(args):
         model = random_model_like(args.shape, dtype=dtype, device=args.device)
         narrow = _narrow(args)
         use_narrow_linear(model, worth_it(args.device, dtype) if narrow is None else narrow)
-        if isinstance(weights_arg(args), str):  # --weights holds for a random model too, never silently dropped
-            from ..models.quantized import quantize
+        from ..models.quantized import FORMATS, quantize
+
+        if weights_arg(args) in FORMATS:  # --weights holds for a random model too, never silently dropped
 
             quantize(model, weights_arg(args))
         return model, None

@@ -179,11 +179,12 @@ def cmd_serve(args) -> None:
             run_ray(args.model, config, adapter=args.adapter, device=args.device, host=args.host, port=args.port,
                     threads=args.threads or 1, replicas=args.replicas, weights=weights_arg(args))
             return
+        from ..models.quantized import held_weights
         from ..serving.app import create_app
 
         app = create_app(model, tokenizer, config)
         run(app, sock, f"serving {config.model_name!r} on http://{args.host}:{args.port}/v1 ({config.max_batch} "
-                       f"rows, default method {config.limits.method}, {args.weights} weights"
+                       f"rows, default method {config.limits.method}, {held_weights(model)} weights"
                        f"{', API key required' if config.api_key else ''}); Ctrl-C stops")
     finally:
         sock.close()

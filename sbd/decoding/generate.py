@@ -18,6 +18,7 @@ import torch
 from ..drafters.sampler_head import head_of
 from ..errors import SBDError
 from ..models.facts import ModelFacts, context_limit
+from ..models.quantized import held_weights
 from ..modes import eval_mode
 from .defaults import VerifySettings
 from .engine import Engine, ForwardRecord
@@ -50,6 +51,7 @@ class GenerationResult:
     # from the raw next-token head (temperature 1, before logit_bias, penalties and top_p); else None
     logprobs: list[list[tuple[int, float, list[tuple[int, float]]]]] | None = None
     settings: VerifySettings | None = None  # sbd-verify: the drafting settings it ran with (defaults resolved)
+    weights: str = ""  # the base model's linear layers as they ran ("int4, exactly as stored", "float32", …)
 
     @property
     def mean_accepted(self) -> float:
@@ -318,7 +320,7 @@ def generate(model, tokenizer, prompts, spec: DecodeSpec | None = None, *, seed:
         prompt_lengths=[len(p) for p in prompt_ids], accepted=[r.accepted for r in rows],
         lookup_accepted=[r.lookup_accepted for r in rows],
         logprobs=[r.logprobs for r in rows] if spec.processing.logprobs is not None else None,
-        settings=spec.settings,
+        settings=spec.settings, weights=held_weights(model),
     )
 
 

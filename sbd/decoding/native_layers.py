@@ -67,8 +67,7 @@ def _linear(entry, lin) -> tuple:
     _, quantized, _, key, update = entry
     a_t, b_t = update if update is not None else (None, None)
     if quantized:
-        scales = lin.scales if lin.fmt == "int8" else lin.scale_zero
-        return _kind(lin), lin.qweight, scales, lin.group, lin.bias, a_t, b_t, 0, 0
+        return _kind(lin), lin.qweight, lin.kernel_scales, lin.group, lin.bias, a_t, b_t, 0, 0
     if entry[0].__func__ is NarrowLinear.forward:
         lo = 1 if lin.narrow_single else NARROWEST
         return 3, lin.weight, None, 0, lin.bias, a_t, b_t, lo, lin.narrow_widest

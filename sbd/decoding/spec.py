@@ -183,7 +183,8 @@ class DecodeSpec:
         if facts.weights and (g.get("static_shapes") or g.get("compile") or tree not in (None, "default")):
             name = "compile" if g.get("compile") else "static_shapes" if g.get("static_shapes") else "tree"
             raise SpecError(name, f"{{{name}}} is not supported on {facts.weights} weights yet: their exact "
-                                  "attention (each committed token as NTP computes it) runs eagerly over chains")
+                                  "attention (each committed token as NTP computes it) runs eagerly over chains; "
+                                  "sbd.load(..., weights=\"float\") (--weights float) keeps the layers float")
         if facts.weights and tree == "default":
             base = replace(base, tree=None)
         block = g.get("block_size", facts.block_size)

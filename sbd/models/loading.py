@@ -47,10 +47,13 @@ def load(path, *, adapter=None, device: str | None = None, dtype: torch.dtype | 
     sampler_head: attach the sampler head saved in the adapter's folder, if it holds one
     (`sbd.drafters.sampler_head`: sbd-verify's drafts then see each other); False leaves it off (drafts as the
     masks alone make them). Either way the output of sbd-verify is the model's own.
-    weights="int8" / "int4": the linear layers quantized, weight-only, on torch's CPU or CUDA kernels
-    (`sbd.models.quantized`: int8 per output row, int4 in groups of 32; the output layer int8; the drafter,
-    activations and KV cache stay float): a batch-1 forward reads a quarter to a sixth of float32's bytes,
-    and sbd-verify stays exactly NTP's tokens of these weights (attention per committed token).
+    weights=True (the default): the weights as stored; on a CPU, linear layers whose float32 weights are
+    exactly int4 or int8 in groups of 32 (what a GGUF's Q4_1 and Q8_0 tensors load as) are held in those forms
+    on sbd's products (`sbd.models.lossless`): every weight the same number, a quarter to a sixth of the bytes
+    a forward reads. weights="float": the weights as stored, every layer float.
+    weights="int8" / "int4": the linear layers quantized, weight-only (`sbd.models.quantized`: groups of 32;
+    the output layer int8; the drafter, activations and KV cache stay float): this changes the weights, and so
+    some answers; sbd-verify stays exactly NTP's tokens of these weights (attention per committed token).
     weights=None is the same as True. weights=False: the model's shape on the meta device, without its weights (its drafter attached): what
     its config, tokenizer and drafter say, in seconds, for checks before the real load happens elsewhere
     (`sbd serve --replicas` checks its options so, and each replica loads the model itself). It cannot run.
@@ -62,19 +65,17 @@ def load(path, *, adapter=None, device: str | None = None, dtype: torch.dtype | 
     from ..drafters import sampler_head as heads
     from . import narrow_linear as narrow
 
+    from . import lossless
     from .quantized import DEVICES as QUANT_DEVICES
     from .quantized import FORMATS, quantize
 
     if weights is None:  # the natural spelling of "not quantized": the weights as stored, never the meta model
         weights = True
-    if not isinstance(weights, (bool, str)):
-        raise SBDError(f"weights={weights!r}: give True (as stored), False (shape only) or a quantized format: "
-                       f"{', '.join(FORMATS)}")
-    if isinstance(weights, str) and weights not in FORMATS:
-        raise SBDError(f"weights={weights!r}: give True (as stored), False (shape only) or a quantized format: "
-                       f"{', '.join(FORMATS)}")
+    if not isinstance(weights, (bool, str)) or (isinstance(weights, str) and weights not in (*FORMATS, "float")):
+        raise SBDError(f"weights={weights!r}: give True (as stored, held compactly where exact), \"float\" (as "
+                       f"stored, all float), False (shape only) or a quantized format: {', '.join(FORMATS)}")
     device = check_device(device or "cpu")
-    if isinstance(weights, str) and torch.device(device).type not in QUANT_DEVICES:
+    if weights in FORMATS and torch.device(device).type not in QUANT_DEVICES:
         raise SBDError(f"weights={weights!r} runs on {' and '.join(QUANT_DEVICES)} only (device {device!r})")
     path, adapter = resolve_paths(path, adapter)
     device = device or "cpu"
@@ -117,6 +118,8 @@ def load(path, *, adapter=None, device: str | None = None, dtype: torch.dtype | 
     narrow.use_narrow_linear(model, bool(narrow_linear))
     if probe:
         probe_model(model)
-    if isinstance(weights, str):
+    if weights in FORMATS:
         quantize(model, weights)
+    elif weights is True:
+        lossless.pack(model)
     return model, tokenizer

@@ -73,14 +73,15 @@ class QuantizedLinear(nn.Module):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, fmt: str, group: int = GROUP, sbd: bool = False) -> "QuantizedLinear":
-        """The layer quantized; sbd: on sbd's own products where they take it (`sbd_products`: then int4 is
-        packed for them)."""
+        """The layer quantized; sbd: on sbd's own products where they take it (`sbd_products`: then in their
+        formats, `sbd_groups`)."""
         w = linear.weight.detach().float()
         n, k = w.shape
         if fmt == "int4" and (n % INT4_ROWS or k % group or (w.is_cuda and k % (16 * CUDA_K_TILES[-1]))):
             fmt = "int8"
+        if sbd and _sbd_takes(fmt, k, group, w.device):
+            return cls.on_sbd(fmt, *sbd_groups(w, fmt), bias=linear.bias)
         q = cls(k, n, fmt, group)
-        q.sbd_kernel = sbd and _sbd_takes(fmt, k, group, w.device)
         if fmt == "int8":
             scale = w.abs().amax(1).clamp_min(torch.finfo(torch.float32).tiny) / 127
             q.register_buffer("qweight", torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8))
@@ -90,24 +91,53 @@ class QuantizedLinear(nn.Module):
             lo, hi = g.amin(-1), g.amax(-1)
             scale = ((hi - lo) / 15).clamp_min(torch.finfo(torch.float32).tiny)
             values = torch.round((g - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32)
-            # w = (q - 8)·scale + zero with zero = lo + 8·scale: (K/group, N, 2); sbd's: (N, K/group, 2)
+            # w = (q - 8)·scale + zero with zero = lo + 8·scale, laid out (K/group, N, 2)
             scale_zero = torch.stack([scale, lo + 8 * scale], -1)
-            if q.sbd_kernel:
-                q.register_buffer("qweight", _SBD[0].int4_pack(values.reshape(n, k)))
-                q.register_buffer("scale_zero", scale_zero.to(torch.bfloat16))
-            else:
-                q.register_buffer("qweight", _pack_int4(values.reshape(n, k)))
-                q.register_buffer("scale_zero", scale_zero.transpose(0, 1).contiguous().to(torch.bfloat16))
+            q.register_buffer("qweight", _pack_int4(values.reshape(n, k)))
+            q.register_buffer("scale_zero", scale_zero.transpose(0, 1).contiguous().to(torch.bfloat16))
         if linear.bias is not None:
             q.bias = nn.Parameter(linear.bias.detach().clone(), requires_grad=False)
         return q
+
+    @classmethod
+    def on_sbd(cls, fmt: str, values: torch.Tensor, numbers: torch.Tensor, bias: torch.Tensor | None = None,
+               tail: torch.Tensor | None = None) -> "QuantizedLinear":
+        """A layer on sbd's products from `sbd_groups`' values and float16 numbers; tail: float32 output rows
+        after the int8 ones (int8 only: an output layer's rows int8 cannot hold exactly)."""
+        n, k = values.shape
+        q = cls(k, n + (0 if tail is None else len(tail)), fmt, GROUP)
+        q.sbd_kernel = True
+        if fmt == "int8":
+            q.register_buffer("qweight", values.to(torch.int8).contiguous())
+            q.register_buffer("scales", numbers.contiguous())
+            if tail is not None:
+                q.register_buffer("tail", tail.detach().float().contiguous())
+        else:
+            q.register_buffer("qweight", _SBD[0].int4_pack(values))
+            q.register_buffer("scale_min", numbers.contiguous())
+        if bias is not None:
+            q.bias = nn.Parameter(bias.detach().clone(), requires_grad=False)
+        return q
+
+    @property
+    def kernel_scales(self) -> torch.Tensor:
+        """The numbers beside the int values, as this layer's kernel takes them."""
+        return self.scales if self.fmt == "int8" else self.scale_min if self.sbd_kernel else self.scale_zero
 
     def rows(self, index: torch.Tensor) -> torch.Tensor:
         """Rows of the weight, dequantized (float32), at `index` (any shape): the sampler head reads the
         output layer's rows of its candidate tokens. int8 only (an output layer is always int8)."""
         if self.fmt != "int8":
             raise NotImplementedError("rows of an int4 layer are packed for its kernel")
-        return self.qweight[index].float() * self.scales[index].float()[..., None]
+        if not self.sbd_kernel:
+            return self.qweight[index].float() * self.scales[index].float()[..., None]
+        n = len(self.qweight)
+        at = index.clamp_max(n - 1)
+        got = int8_weights(self.qweight[at], self.scales[at])
+        tail = self._buffers.get("tail")
+        if tail is not None:
+            got = torch.where((index >= n)[..., None], tail[(index - n).clamp_min(0)], got)
+        return got
 
     def product(self, flat: torch.Tensor) -> torch.Tensor:
         """The kernel's product for rows (N, in) as it takes them (`takes_bfloat16`): (N, out) in their dtype,
@@ -117,19 +147,21 @@ class QuantizedLinear(nn.Module):
     def bound_product(self):
         """`product` with this layer's tensors bound: a decoding step calls it ~200 times, and a module's
         attribute lookups would cost as much as the small products themselves."""
-        if self.fmt == "int8":
-            qweight, scales = self.qweight, self.scales
-            mm = _int8_kernel(self.sbd_kernel, qweight)
-            return lambda flat: mm(flat, qweight, scales)
-        qweight, group, scale_zero = self.qweight, self.group, self.scale_zero
-        if self.sbd_kernel:  # packed for sbd's CPU product: no other kernel reads this layout
+        qweight, scales = self.qweight, self.kernel_scales
+        if self.sbd_kernel:  # in sbd's formats: no other kernel reads them
             if qweight.device.type != "cpu":
-                raise SBDError(f"int4 weights quantized on a CPU are packed for sbd's CPU product and cannot run on "
-                               f"{qweight.device.type}: load the model there with weights=\"int4\" instead")
+                raise SBDError(f"{self.fmt} weights made on a CPU are in sbd's CPU formats and cannot run on "
+                               f"{qweight.device.type}: load the model there with weights=\"{self.fmt}\" instead")
+            if self.fmt == "int8":
+                int8, tail = _SBD[0].int8_mm, self._buffers.get("tail")
+                return lambda flat: int8(flat, qweight, scales, tail)
             int4 = _SBD[0].int4_mm
-            return lambda flat: int4(flat, qweight, scale_zero)
+            return lambda flat: int4(flat, qweight, scales)
+        if self.fmt == "int8":
+            return lambda flat: torch._weight_int8pack_mm(flat, qweight, scales)
+        group = self.group
         mm = torch._weight_int4pack_mm if qweight.is_cuda else torch._weight_int4pack_mm_for_cpu
-        return lambda flat: mm(flat, qweight, group, scale_zero)
+        return lambda flat: mm(flat, qweight, group, scales)
 
     @property
     def takes_bfloat16(self) -> bool:
@@ -167,7 +199,7 @@ def joint_product(layers: tuple[QuantizedLinear, ...]):
     first = layers[0]
     if any(not isinstance(q, QuantizedLinear) or (q.fmt, q.group, q.in_features, q.sbd_kernel) != (
            first.fmt, first.group, first.in_features, first.sbd_kernel) or q.qweight.device.type != "cpu"
-           or (q.fmt == "int4" and not q.sbd_kernel and q.out_features % CPU_INT4_TILE)
+           or (q.fmt == "int4" and not q.sbd_kernel and q.out_features % CPU_INT4_TILE) or "tail" in q._buffers
            for q in layers):
         return None
     tensors = [t for q in layers for t in q._buffers.values()]
@@ -175,7 +207,7 @@ def joint_product(layers: tuple[QuantizedLinear, ...]):
     if cached is not None and len(cached[0]) == len(tensors) and all(a is b for a, b in zip(cached[0], tensors)):
         return cached[1]
     weight = torch.cat([q.qweight for q in layers])
-    by_row = "scales" if first.fmt == "int8" else "scale_zero" if first.sbd_kernel else None  # scales per output row
+    by_row = "scales" if first.fmt == "int8" else "scale_min" if first.sbd_kernel else None  # scales per output row
     scales = torch.cat([getattr(q, by_row) for q in layers]) if by_row else None
     at = 0
     for q in layers:  # each layer's tensors become views of its rows of the joint ones
@@ -197,12 +229,11 @@ class JointProduct:
 
     def __init__(self, fmt: str, weight: torch.Tensor, scales: torch.Tensor, group: int, sbd_kernel: bool = False):
         self.fmt, self.weight, self.scales, self.group, self.sbd_kernel = fmt, weight, scales, group, sbd_kernel
-        if fmt == "int8":  # the kernel bound once: the Python layers call this per forward
-            mm = _int8_kernel(sbd_kernel, weight)
+        if sbd_kernel:  # the kernel bound once: the Python layers call this per forward
+            mm = _SBD[0].int8_mm if fmt == "int8" else _SBD[0].int4_mm
             self._product = lambda flat: mm(flat, weight, scales)
-        elif sbd_kernel:
-            mm = _SBD[0].int4_mm
-            self._product = lambda flat: mm(flat, weight, scales)
+        elif fmt == "int8":
+            self._product = lambda flat: torch._weight_int8pack_mm(flat, weight, scales)
         else:
             self._product = lambda flat: torch._weight_int4pack_mm_for_cpu(flat, weight, group, scales)
 
@@ -213,11 +244,44 @@ class JointProduct:
 _SBD: list = []  # sbd's compiled products, once loaded: kept for the process (the layers that chose them need them)
 
 
-def _int8_kernel(sbd_kernel: bool, weight: torch.Tensor):
-    """The int8 product a layer runs: sbd's (on a CPU, where `quantize` chose it) or torch's."""
-    if sbd_kernel and weight.device.type == "cpu":
-        return _SBD[0].int8_mm
-    return torch._weight_int8pack_mm
+def sbd_groups(w: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """float weights (N, K) in sbd's formats, groups of 32 inputs per output row with float16 numbers (GGUF's
+    own forms): int8 (values (N, K) in -127..127, d (N, K/32)), w = q·d; int4 (values (N, K) in 0..15,
+    (d, m) (N, K/32, 2)), w = q·d + m. From weights that came from a Q8_0 or Q4_1 file these give back the
+    file's numbers, and `int8_weights`/`int4_weights` the weights bit for bit (`sbd.models.lossless`)."""
+    n, k = w.shape
+    g = w.float().reshape(n, k // GROUP, GROUP)
+    if fmt == "int8":
+        d = (g.abs().amax(-1) / 127).to(torch.float16)
+        step = d.float()[..., None]
+        values = torch.where(step > 0, torch.round(g / step.clamp_min(torch.finfo(torch.float32).tiny)), 0)
+        numbers = d
+        values = values.clamp(-127, 127)
+    else:
+        lo, hi = g.amin(-1), g.amax(-1)
+        d, m = ((hi - lo) / 15).to(torch.float16), lo.to(torch.float16)
+        step = d.float()[..., None]
+        values = torch.where(step > 0, torch.round((g - m.float()[..., None]) / step.clamp_min(
+            torch.finfo(torch.float32).tiny)), 0).clamp(0, 15)
+        numbers = torch.stack([d, m], -1)
+    if not torch.isfinite(numbers).all():
+        raise SBDError(f"weights of magnitude {w.abs().max().item():.3g} are beyond float16's range: {fmt} cannot hold "
+                       "them; load the model without weights=")
+    return values.reshape(n, k).to(torch.int8 if fmt == "int8" else torch.uint8), numbers
+
+
+def int8_weights(values: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """sbd's int8 weights (…, K) with their float16 scales (…, K/32) as float32: q·d, exact."""
+    shape = values.shape
+    return (values.float().reshape(*shape[:-1], -1, GROUP) * d.float()[..., None]).reshape(shape)
+
+
+def int4_weights(values: torch.Tensor, dm: torch.Tensor) -> torch.Tensor:
+    """sbd's int4 values (N, K) (unpacked, 0..15) with their float16 (d, m) (N, K/32, 2) as float32: q·d + m,
+    rounded once (q·d is exact in float32), as sbd's product forms them."""
+    n, k = values.shape
+    q = values.float().reshape(n, k // GROUP, GROUP)
+    return (q * dm[..., 0].float()[..., None] + dm[..., 1].float()[..., None]).reshape(n, k)
 
 
 def sbd_products() -> bool:
@@ -234,9 +298,8 @@ def sbd_products() -> bool:
 
 
 def _sbd_takes(fmt: str, in_features: int, group: int, device: torch.device) -> bool:
-    """Whether sbd's products take a layer of this format and input size (on a CPU, input sizes in steps of
-    16; int4 in groups of 32)."""
-    if device.type != "cpu" or in_features % INT8_INPUTS or (fmt == "int4" and (group != 32 or in_features % 32)):
+    """Whether sbd's products take a layer of this format and input size (on a CPU, in groups of 32 inputs)."""
+    if device.type != "cpu" or in_features % GROUP or group != GROUP:
         return False
     return sbd_products()
 
@@ -298,19 +361,37 @@ def quantize(model, fmt: str, group: int = GROUP) -> dict[str, str]:
                        f"need a multiple of {INT8_INPUTS}; load the model without weights=")
     done = {}
     for name, module in linears:
-        q = QuantizedLinear.from_linear(module, "int8" if module is head else fmt, group, sbd=True)
-        module.__class__ = QuantizedLinear  # the same object: its hooks and every reference to it stay
-        module._parameters, module._buffers = q._parameters, q._buffers  # int values, scales, bias
-        module.fmt, module.group, module.sbd_kernel = q.fmt, q.group, q.sbd_kernel
-        done[name] = module.fmt
-    model.config.sbd_weights = fmt
+        done[name] = replace(module, QuantizedLinear.from_linear(module, "int8" if module is head else fmt, group,
+                                                                  sbd=True))
+    model.config.sbd_weights, model.config.sbd_weights_exact = fmt, False
     return done
+
+
+def replace(module: nn.Linear, q: QuantizedLinear) -> str:
+    """`module` becomes `q` in place (the same object: its hooks and every reference to it stay); its format."""
+    module.__class__ = QuantizedLinear
+    module._parameters, module._buffers = q._parameters, q._buffers  # int values, scales, bias
+    module.fmt, module.group, module.sbd_kernel = q.fmt, q.group, q.sbd_kernel
+    module.in_features, module.out_features = q.in_features, q.out_features
+    return q.fmt
 
 
 def weights_format(model) -> str | None:
     """"int8"/"int4" when `quantize` made every linear layer of `model` quantized, else None."""
     fmt = getattr(getattr(model, "config", None), "sbd_weights", None)  # a saved config may say so of float layers
     return fmt if fmt in FORMATS and not _base_linears(model) else None
+
+
+def held_weights(model) -> str:
+    """What a user is told of a loaded model's linear layers: their format ("int4, exactly as stored" where
+    `sbd.models.lossless` held a file's own int4/int8 numbers), else their dtype."""
+    fmt = weights_format(model)
+    exact = getattr(getattr(model, "config", None), "sbd_weights_exact", False)
+    if fmt:
+        return f"{fmt}, exactly as stored" if exact else fmt
+    held = sum(isinstance(m, QuantizedLinear) for m in model.modules())
+    dtype = str(model.dtype).replace("torch.", "")
+    return f"{held} layers int4/int8 exactly as stored, the rest {dtype}" if held else dtype
 
 
 def _base_linears(model) -> list[tuple[str, nn.Linear]]:

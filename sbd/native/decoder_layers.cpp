@@ -342,10 +342,13 @@ class DecoderLayers {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("int8_mm", &sbd_products::int8_mm, py::arg("x"), py::arg("w"), py::arg("scale"), py::arg("use") = -1,
-        "x (M, K) · int8 w (N, K)ᵀ · scale (N): (M, N) in x's dtype; use: 0 plain C++, 1 AVX2, 2 AVX-512, -1 the best here");
-  m.def("int4_mm", &sbd_products::int4_mm, py::arg("x"), py::arg("w"), py::arg("sz"), py::arg("use") = -1,
-        "x (M, K) · int4 w (N, K/2 packed by int4_pack) with (scale, zero) per group of 32 (N, K/32, 2): (M, N) in x's dtype");
+  m.def("int8_mm", &sbd_products::int8_mm, py::arg("x"), py::arg("w"), py::arg("scale"), py::arg("tail") = py::none(),
+        py::arg("use") = -1,
+        "x (M, K) · (int8 w (N, K) · float16 scale per group of 32 (N, K/32))ᵀ, then the float32 rows of tail (T, K) or "
+        "None: (M, N + T) in x's dtype; use: 0 plain C++, 1 AVX2, 2 AVX-512, -1 the best here");
+  m.def("int4_mm", &sbd_products::int4_mm, py::arg("x"), py::arg("w"), py::arg("dm"), py::arg("use") = -1,
+        "x (M, K) · int4 w (N, K/2 packed by int4_pack) as q·d + m with float16 (d, m) per group of 32 (N, K/32, 2): "
+        "(M, N) in x's dtype");
   m.def("int4_pack", &sbd_products::int4_pack, "int4 values (N, K), 0..15, in int4_mm's layout");
   m.def("isa", [] { return static_cast<int64_t>(sbd_products::isa()); }, "the instruction set the products run: 0, 1 or 2");
   py::class_<DecoderLayers>(m, "DecoderLayers")

@@ -1,8 +1,10 @@
-// sbd's weight-only products on a CPU, int8 and int4, each row of x against the weights' output rows:
-//   int8: y[r, n] = (Σ_k x[r, k] · w[n, k]) · scale[n]    (torch's `_weight_int8pack_mm` dequantization)
-//   int4: y[r, n] = Σ_k x[r, k] · ((q[n, k] − 8) · s[n, g] + z[n, g]), g = k / 32   (torch's int4 dequantization)
-// x in float32 (taken as it is: torch's kernels round it to bfloat16) or bfloat16, y in x's dtype; scales in
-// bfloat16.
+// sbd's weight-only products on a CPU, int8 and int4, each row of x against the weights' output rows, in
+// groups g = k / 32 of the input with float16 numbers per group and output row (GGUF's Q8_0 and Q4_1 forms):
+//   int8: y[r, n] = Σ_k x[r, k] · (q[n, k] · d[n, g])
+//   int4: y[r, n] = Σ_k x[r, k] · (q[n, k] · d[n, g] + m[n, g]),  q in 0..15
+// Each weight is formed exactly as those formats define it (q·d is exact in float32, q·d + m one rounding), so
+// a model whose float weights came from such a file is computed on the very same numbers. x in float32 (taken
+// as it is: torch's kernels round it to bfloat16) or bfloat16, y in x's dtype.
 //
 // Why: torch's CPU kernels are bound by their arithmetic: SmolLM2's int8 output layer (49,152 x 576) took
 // 2.2 ms of a 10.8 ms int4 forward on a 2-core Xeon where reading its 28 MB takes ~1.2 ms, and each extra row
@@ -21,6 +23,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 
 #ifndef AHEAD
 #define AHEAD 4096  // bytes of weights asked for ahead of the ones being summed (reading overlaps arithmetic)
@@ -29,9 +32,23 @@
 namespace sbd_products {
 
 constexpr int LANES = 16;
+constexpr int64_t MAX_GROUPS = 1024;  // groups of 32 inputs a product takes (K up to 32,768)
 
-inline float bf16(uint16_t h) {  // a bfloat16's value, exactly
-  uint32_t bits = static_cast<uint32_t>(h) << 16;
+inline float half(uint16_t h) {  // a float16's value, exactly (what F16C's conversion gives, in plain C++)
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16, exp = (h >> 10) & 31, man = h & 1023;
+  uint32_t bits;
+  if (exp == 31) {
+    bits = sign | 0x7F800000u | (man << 13);  // inf, nan
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (man << 13);
+  } else if (man == 0) {
+    bits = sign;
+  } else {  // subnormal: normalise
+    int e = -1;
+    uint32_t m = man;
+    do { m <<= 1; ++e; } while (!(m & 1024));
+    bits = sign | (static_cast<uint32_t>(112 - e) << 23) | ((m & 1023) << 13);
+  }
   float f;
   std::memcpy(&f, &bits, 4);
   return f;
@@ -57,14 +74,18 @@ struct Vec {
     for (int l = 0; l < LANES; ++l) f.v[l] = std::fma(a.v[l], b.v[l], c.v[l]);
     return f;
   }
+  static F mul(const F& a, const F& b) { F f; for (int l = 0; l < LANES; ++l) f.v[l] = a.v[l] * b.v[l]; return f; }
+  static void halves(const uint16_t* h, float* out, int64_t count) {  // float16s as float32, exactly
+    for (int64_t i = 0; i < count; ++i) out[i] = half(h[i]);
+  }
   static float sum(const F& a) { return tree(a.v); }
   static F int8(const int8_t* p) { F f; for (int l = 0; l < LANES; ++l) f.v[l] = (float)p[l]; return f; }
-  // a group of 32 int4 weights dequantized, (q − 8)·s + z: byte i holds value i (low nibble) and i + 16 (high)
-  static void int4(const uint8_t* p, const uint16_t* sz, F& first, F& second) {
-    const float s = bf16(sz[0]), z = bf16(sz[1]);
+  // a group of 32 int4 weights dequantized, q·d + m: byte i holds value i (low nibble) and i + 16 (high)
+  static void int4(const uint8_t* p, const float* dm, F& first, F& second) {
+    const float d = dm[0], m = dm[1];
     for (int l = 0; l < LANES; ++l) {
-      first.v[l] = std::fma((float)((p[l] & 15) - 8), s, z);
-      second.v[l] = std::fma((float)((p[l] >> 4) - 8), s, z);
+      first.v[l] = std::fma((float)(p[l] & 15), d, m);
+      second.v[l] = std::fma((float)(p[l] >> 4), d, m);
     }
   }
   static void ahead(const void*) {}
@@ -73,7 +94,7 @@ struct Vec {
 }  // namespace plain
 
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 namespace avx2 {  // lanes 0-7 and 8-15 in two registers
 struct Vec {
   struct F { __m256 lo, hi; };
@@ -82,6 +103,12 @@ struct Vec {
   static F fill(float a) { return {_mm256_set1_ps(a), _mm256_set1_ps(a)}; }
   static F fma(const F& a, const F& b, const F& c) {
     return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+  }
+  static F mul(const F& a, const F& b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+  static void halves(const uint16_t* h, float* out, int64_t count) {
+    int64_t i = 0;
+    for (; i + 8 <= count; i += 8) _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(h + i))));
+    for (; i < count; ++i) out[i] = _cvtsh_ss(h[i]);
   }
   static float sum(const F& a) {
     __m256 s = _mm256_add_ps(a.lo, a.hi);  // i + i+8
@@ -93,14 +120,12 @@ struct Vec {
     __m128i b = _mm_loadu_si128((const __m128i*)p);
     return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))};
   }
-  static void int4(const uint8_t* p, const uint16_t* sz, F& first, F& second) {
-    const float s = bf16(sz[0]), z = bf16(sz[1]);
+  static void int4(const uint8_t* p, const float* dm, F& first, F& second) {
     const __m128i b = _mm_loadu_si128((const __m128i*)p), m = _mm_set1_epi8(15);
     const __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
-    const __m256i eight = _mm256_set1_epi32(8);
-    const __m256 sv = _mm256_set1_ps(s), zv = _mm256_set1_ps(z);
+    const __m256 dv = _mm256_set1_ps(dm[0]), mv = _mm256_set1_ps(dm[1]);
     auto dq = [&](__m128i bytes) {  // 8 values from the low 8 bytes
-      return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(bytes), eight)), sv, zv);
+      return _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes)), dv, mv);
     };
     first = {dq(lo), dq(_mm_srli_si128(lo, 8))};
     second = {dq(hi), dq(_mm_srli_si128(hi, 8))};
@@ -112,7 +137,7 @@ struct Vec {
 #pragma GCC pop_options
 
 #pragma GCC push_options
-#pragma GCC target("avx512f")
+#pragma GCC target("avx512f,f16c,fma")
 namespace avx512 {  // 16 lanes in one register
 struct Vec {
   using F = __m512;
@@ -120,6 +145,13 @@ struct Vec {
   static F load(const float* p) { return _mm512_loadu_ps(p); }
   static F fill(float a) { return _mm512_set1_ps(a); }
   static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static void halves(const uint16_t* h, float* out, int64_t count) {
+    int64_t i = 0;
+    for (; i + 16 <= count; i += 16)
+      _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(h + i))));
+    for (; i < count; ++i) out[i] = _cvtsh_ss(h[i]);
+  }
   static float sum(F a) {  // the same tree as avx2's on the two halves
     __m256 s = _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
     __m128 b = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
@@ -127,13 +159,11 @@ struct Vec {
     return _mm_cvtss_f32(_mm_add_ss(c, _mm_shuffle_ps(c, c, 1)));
   }
   static F int8(const int8_t* p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p))); }
-  // the 16 values (i − 8)·s + z once per group, then each weight picked from them by its 4 bits (the same
+  // the 16 values i·d + m once per group, then each weight picked from them by its 4 bits (the same
   // multiply-add on the same numbers as the other paths: the same bits)
-  static void int4(const uint8_t* p, const uint16_t* sz, F& first, F& second) {
-    const __m512i pair = _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(sz));  // (s, z) as bfloat16 bits
-    const __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(pair, 16));
-    const __m512 z = _mm512_castsi512_ps(_mm512_and_si512(pair, _mm512_set1_epi32(int32_t(0xFFFF0000u))));
-    const __m512 levels = _mm512_fmadd_ps(_mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7), s, z);
+  static void int4(const uint8_t* p, const float* dm, F& first, F& second) {
+    const __m512 d = _mm512_set1_ps(dm[0]), m = _mm512_set1_ps(dm[1]);
+    const __m512 levels = _mm512_fmadd_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), d, m);
     const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p));  // the permute reads bits 0-3
     first = _mm512_permutexvar_ps(q, levels);
     second = _mm512_permutexvar_ps(_mm512_srli_epi32(q, 4), levels);
@@ -148,7 +178,9 @@ enum class Isa { plain, avx2, avx512 };
 
 inline Isa isa() {
   static const Isa found = __builtin_cpu_supports("avx512f")                                ? Isa::avx512
-                           : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? Isa::avx2
+                           : __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                                     __builtin_cpu_supports("f16c")
+                                 ? Isa::avx2
                                                                                              : Isa::plain;
   return found;
 }
@@ -160,48 +192,66 @@ inline Isa chosen(int64_t use) {
   return run;
 }
 
-// one instruction set's loops over output rows n0..n1 (products_body.h's int8_rows, int4_rows)
+// one instruction set's loops over output rows n0..n1 (products_body.h's int8_rows, int4_rows, f32_rows)
 template <typename W>
 using Rows = void (*)(const float*, int64_t, int64_t, const W*, const uint16_t*, int64_t, int64_t, float*, int64_t);
 
-// x's rows against all of w's output rows with `rows` of the chosen instruction set: (M, N) in x's dtype; the
-// threads split the output rows (each computed alone: the split changes no bits), `grain` at least per thread
+// x's rows against all of w's output rows with `rows` of the chosen instruction set, then against the float32
+// rows of `tail` (none when undefined): (M, N + T) in x's dtype; the threads split the output rows (each
+// computed alone: the split changes no bits), `grain` at least per thread
 template <typename W>
-at::Tensor run(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, int64_t use, int64_t grain,
-               const Rows<W> (&rows)[3]) {
-  const Rows<W> fn = rows[static_cast<int>(chosen(use))];
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+at::Tensor run(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scales, const at::Tensor& tail,
+               int64_t use, int64_t grain, const Rows<W> (&rows)[3]) {
+  static const Rows<float> tails[3] = {plain::f32_rows, avx2::f32_rows, avx512::f32_rows};
+  const int isa_index = static_cast<int>(chosen(use));
+  const Rows<W> fn = rows[isa_index];
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0), T = tail.defined() ? tail.size(0) : 0;
   at::Tensor xf = x.to(at::kFloat).contiguous(), wc = w.contiguous(), sc = scales.contiguous();
-  at::Tensor out = at::empty({M, N}, x.options().dtype(at::kFloat));
+  at::Tensor out = at::empty({M, N + T}, x.options().dtype(at::kFloat));
   const float* xp = xf.data_ptr<float>();
   const W* wp = reinterpret_cast<const W*>(wc.data_ptr());
-  const uint16_t* sp = reinterpret_cast<const uint16_t*>(sc.data_ptr<at::BFloat16>());
+  const uint16_t* sp = reinterpret_cast<const uint16_t*>(sc.data_ptr());
   float* op = out.data_ptr<float>();
-  at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) { fn(xp, M, K, wp, sp, n0, n1, op, N); });
+  at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) { fn(xp, M, K, wp, sp, n0, n1, op, N + T); });
+  if (T > 0) {
+    at::Tensor tc = tail.to(at::kFloat).contiguous();
+    tails[isa_index](xp, M, K, tc.data_ptr<float>(), nullptr, 0, T, op + N, N + T);
+  }
   return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
 }
 
-// x (M, K) float32 or bfloat16, w (N, K) int8, scale (N) bfloat16: (M, N) in x's dtype. use: the instruction
-// set (0 plain, 1 AVX2, 2 AVX-512; -1 the best this CPU has): the tests run each, for the same bits.
-inline at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, int64_t use = -1) {
+// x (M, K) float32 or bfloat16, w (N, K) int8, scale (N, K / 32) float16 (one per group of 32 inputs), tail
+// (T, K) float32 or None: output rows of the layer held in float after the int8 ones (an output layer's rows
+// int8 cannot hold exactly): (M, N + T) in x's dtype. use: the instruction set (0 plain, 1 AVX2, 2 AVX-512;
+// -1 the best this CPU has): the tests run each, for the same bits.
+inline at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale,
+                          const std::optional<at::Tensor>& tail = std::nullopt, int64_t use = -1) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1) && x.is_cpu(), "int8_mm: x (M, K), w (N, K)");
-  TORCH_CHECK(w.scalar_type() == at::kChar && scale.scalar_type() == at::kBFloat16 && scale.numel() == w.size(0),
-              "int8_mm: int8 weights, one bfloat16 scale per output row");
-  TORCH_CHECK(x.size(1) % LANES == 0, "int8_mm: the input size must be a multiple of ", LANES);
+  TORCH_CHECK(x.size(1) % 32 == 0 && x.size(1) <= 32 * MAX_GROUPS, "int8_mm: the input size must be a multiple of 32, "
+              "at most ", 32 * MAX_GROUPS);
+  TORCH_CHECK(w.scalar_type() == at::kChar && scale.scalar_type() == at::kHalf && scale.dim() == 2 &&
+                  scale.size(0) == w.size(0) && scale.size(1) == x.size(1) / 32,
+              "int8_mm: int8 weights, a float16 scale per output row and group of 32 inputs");
+  at::Tensor t;
+  if (tail.has_value() && tail->defined()) {
+    t = *tail;
+    TORCH_CHECK(t.dim() == 2 && t.size(1) == x.size(1) && t.scalar_type() == at::kFloat, "int8_mm: tail (T, K) float32");
+  }
   static const Rows<int8_t> rows[3] = {plain::int8_rows, avx2::int8_rows, avx512::int8_rows};
-  return run<int8_t>(x, w, scale, use, 256, rows);
+  return run<int8_t>(x, w, scale, t, use, 256, rows);
 }
 
-// x (M, K) float32 or bfloat16, w (N, K / 2) uint8 (`int4_pack`), sz (N, K / 32, 2) bfloat16 (s, z per group of
-// 32 inputs): (M, N) in x's dtype. use: as int8_mm's.
-inline at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& sz, int64_t use = -1) {
+// x (M, K) float32 or bfloat16, w (N, K / 2) uint8 (`int4_pack`), dm (N, K / 32, 2) float16 (d, m per group of 32
+// inputs): (M, N) in x's dtype. use: as int8_mm's.
+inline at::Tensor int4_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& dm, int64_t use = -1) {
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && 2 * w.size(1) == x.size(1) && x.is_cpu(), "int4_mm: x (M, K), w (N, K/2)");
-  TORCH_CHECK(x.size(1) % 32 == 0, "int4_mm: the input size must be a multiple of 32");
-  TORCH_CHECK(w.scalar_type() == at::kByte && sz.scalar_type() == at::kBFloat16 && sz.dim() == 3 &&
-                  sz.size(0) == w.size(0) && sz.size(1) == x.size(1) / 32 && sz.size(2) == 2,
-              "int4_mm: uint8 weights, bfloat16 (scale, zero) per output row and group of 32");
+  TORCH_CHECK(x.size(1) % 32 == 0 && x.size(1) <= 32 * MAX_GROUPS, "int4_mm: the input size must be a multiple of 32, "
+              "at most ", 32 * MAX_GROUPS);
+  TORCH_CHECK(w.scalar_type() == at::kByte && dm.scalar_type() == at::kHalf && dm.dim() == 3 &&
+                  dm.size(0) == w.size(0) && dm.size(1) == x.size(1) / 32 && dm.size(2) == 2,
+              "int4_mm: uint8 weights, float16 (d, m) per output row and group of 32");
   static const Rows<uint8_t> rows[3] = {plain::int4_rows, avx2::int4_rows, avx512::int4_rows};
-  return run<uint8_t>(x, w, sz, use, 64, rows);
+  return run<uint8_t>(x, w, dm, at::Tensor(), use, 64, rows);
 }
 
 // int4 values (N, K) int32 or uint8, 0..15, in int4_mm's layout: per group of 32 inputs 16 bytes, byte i holding

@@ -1,9 +1,14 @@
 // The products' loops, written once against `Vec` (16 float lanes: plain C++, AVX2 or AVX-512) and included by
 // products.h once per instruction set. No include guard: each inclusion is a namespace of its own.
 
-// R rows of x against C output rows n.. at a time (C sums in flight: one alone waits on each multiply-add)
+// R rows of x against C output rows n.. at a time (C sums in flight: one alone waits on each multiply-add).
+// The C rows' float16 numbers are read into float32 first (exactly), once per block.
+// int8: each weight formed as q·d (exact in float32), then summed as float weights are
 template <int R, int C>
 void int8_block(const float* x, int64_t K, const int8_t* w, const uint16_t* scale, int64_t n, float* out, int64_t N) {
+  const int64_t G = K / 32;
+  alignas(64) float ds[C * MAX_GROUPS];
+  Vec::halves(scale + n * G, ds, C * G);
   typename Vec::F acc[R][C];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
@@ -13,7 +18,7 @@ void int8_block(const float* x, int64_t K, const int8_t* w, const uint16_t* scal
     if (C == 4) Vec::ahead(w + n * K + AHEAD + 4 * k);  // the 4·K bytes of these rows, AHEAD further on
 #pragma GCC unroll 4
     for (int c = 0; c < C; ++c) {
-      const typename Vec::F wv = Vec::int8(w + (n + c) * K + k);
+      const typename Vec::F wv = Vec::mul(Vec::int8(w + (n + c) * K + k), Vec::fill(ds[c * G + k / 32]));
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) acc[r][c] = Vec::fma(Vec::load(x + r * K + k), wv, acc[r][c]);
     }
@@ -21,12 +26,36 @@ void int8_block(const float* x, int64_t K, const int8_t* w, const uint16_t* scal
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) out[r * N + n + c] = Vec::sum(acc[r][c]) * bf16(scale[n + c]);
+    for (int c = 0; c < C; ++c) out[r * N + n + c] = Vec::sum(acc[r][c]);
+}
+
+// float32 weights (the few rows of an output layer that int8 cannot hold exactly), summed alike
+template <int R, int C>
+void f32_block(const float* x, int64_t K, const float* w, const uint16_t*, int64_t n, float* out, int64_t N) {
+  typename Vec::F acc[R][C];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) acc[r][c] = Vec::zero();
+  for (int64_t k = 0; k < K; k += LANES) {
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) {
+      const typename Vec::F wv = Vec::load(w + (n + c) * K + k);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) acc[r][c] = Vec::fma(Vec::load(x + r * K + k), wv, acc[r][c]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) out[r * N + n + c] = Vec::sum(acc[r][c]);
 }
 
 template <int R, int C>
 void int4_block(const float* x, int64_t K, const uint8_t* w, const uint16_t* sz, int64_t n, float* out, int64_t N) {
   const int64_t G = K / 32, B = K / 2;  // groups and bytes per output row
+  alignas(64) float dm[C * 2 * MAX_GROUPS];
+  Vec::halves(sz + 2 * n * G, dm, C * 2 * G);
   typename Vec::F acc[R][C];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
@@ -40,7 +69,7 @@ void int4_block(const float* x, int64_t K, const uint8_t* w, const uint16_t* sz,
 #pragma GCC unroll 4
     for (int c = 0; c < C; ++c) {
       typename Vec::F first, second;  // the group's 32 weights, dequantized
-      Vec::int4(w + (n + c) * B + g * 16, sz + ((n + c) * G + g) * 2, first, second);
+      Vec::int4(w + (n + c) * B + g * 16, dm + (c * G + g) * 2, first, second);
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) {
         acc[r][c] = Vec::fma(Vec::load(x + r * K + g * 32), first, acc[r][c]);
@@ -74,4 +103,5 @@ void int4_block(const float* x, int64_t K, const uint8_t* w, const uint16_t* sz,
   }
 SBD_ROWS(int8_rows, int8_block, int8_t)
 SBD_ROWS(int4_rows, int4_block, uint8_t)
+SBD_ROWS(f32_rows, f32_block, float)
 #undef SBD_ROWS

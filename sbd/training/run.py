@@ -454,7 +454,7 @@ def _run(config: TrainConfig) -> Path:
 
     records = load_records(config.data)
     cuda = torch.cuda.is_available()
-    model, tokenizer = load(config.model, device="cuda" if cuda else "cpu", dtype=torch.float32)
+    model, tokenizer = load(config.model, device="cuda" if cuda else "cpu", dtype=torch.float32, weights="float")
     from transformers import set_seed
 
     set_seed(config.seed)  # what is drawn before the Trainer seeds itself: a new mask embedding, adapter, head
