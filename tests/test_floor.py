@@ -37,8 +37,12 @@ def test_quantized_weights_count_their_int_values_and_scales():
     model = _model(False)
     float_bytes = weight_bytes(model)
     quantized.quantize(model, "int8")
-    rows = 2 * (H + H // 2 * 2 + H + 2 * I + H)  # output rows of every layer: one bf16 scale each
-    want = float_bytes - 4 * (_linear_weights() + V * H) + (_linear_weights() + V * H) + 2 * (rows + V)
+    weights = _linear_weights() + V * H
+    if model.lm_head.sbd_kernel:  # sbd's product: one float16 scale per 32 inputs of every output row
+        scales = weights // 32
+    else:  # torch's kernel: one bfloat16 scale per output row of every layer
+        scales = 2 * (H + H // 2 * 2 + H + 2 * I + H) + V
+    want = float_bytes - 4 * weights + weights + 2 * scales
     assert weight_bytes(model) == want
     int4 = _model(False)
     quantized.quantize(int4, "int4")

@@ -56,6 +56,8 @@ def test_weights_from_q4_1_and_q8_0_are_held_in_those_forms_bit_for_bit():
     for name, module in model.named_modules():
         if name in before:
             assert torch.equal(_weights(module), before[name]), name
+    index = torch.tensor([[0, 510], [511, 3]])  # the sampler head reads the output layer's rows by token
+    assert torch.equal(head.rows(index), before["lm_head"][index])
 
 
 def test_a_float_model_and_an_inexact_layer_stay_float():
@@ -112,3 +114,13 @@ def test_load_holds_exact_layers_by_default_and_float_keeps_them_float(tmp_path)
         held, None, prompt, method="ntp", max_new_tokens=12).token_ids
     with pytest.raises(sbd.SBDError, match="weights='int2'.*\"float\""):
         sbd.load(tmp_path / "m", weights="int2")
+
+
+def test_training_a_held_model_is_refused_in_one_line(tmp_path):
+    """sbd's products pass no gradients back: an adapter trained over them would learn from a cut graph."""
+    model, tok = tiny.create(tmp_path / "m", hidden=64, layers=1, heads=2, kv_heads=1)
+    _as_if_from_gguf(model, added_rows=1)
+    model.save_pretrained(tmp_path / "m")
+    held, tok = sbd.load(tmp_path / "m")
+    with pytest.raises(sbd.SBDError, match="gradients do not pass through them; load it with weights=\"float\""):
+        sbd.SBDTrainer(model=held, train_dataset=[{"input_ids": [1, 2, 3], "prompt_length": 1}], processing_class=tok)

