@@ -1,24 +1,19 @@
 // The products' loops, written once against `Vec` (16 float lanes: plain C++, AVX2 or AVX-512) and included by
 // products.h once per instruction set. No include guard: each inclusion is a namespace of its own.
 
-// R rows of x against C output rows n.. at a time (C sums in flight: one alone waits on each multiply-add).
-// The C rows' float16 numbers are read into float32 first (exactly), once per block.
-// int8: each weight formed as q·d (exact in float32), then summed as float weights are
-template <int R, int C>
-void int8_block(const float* x, int64_t K, const int8_t* w, const uint16_t* scale, int64_t n, float* out, int64_t N) {
-  const int64_t G = K / 32;
-  alignas(64) float ds[C * MAX_GROUPS];
-  Vec::halves(scale + n * G, ds, C * G);
+// R rows of x against C output rows n.. at a time (C sums in flight: one alone waits on each multiply-add),
+// the weights `at(c, k)` gives 16 at a time (row n + c, inputs k..k+15), summed over K in order
+template <int R, int C, typename At>
+void sums(const float* x, int64_t K, const At& at, int64_t n, float* out, int64_t N) {
   typename Vec::F acc[R][C];
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
     for (int c = 0; c < C; ++c) acc[r][c] = Vec::zero();
   for (int64_t k = 0; k < K; k += LANES) {
-    if (C == 4) Vec::ahead(w + n * K + AHEAD + 4 * k);  // the 4·K bytes of these rows, AHEAD further on
 #pragma GCC unroll 4
     for (int c = 0; c < C; ++c) {
-      const typename Vec::F wv = Vec::mul(Vec::int8(w + (n + c) * K + k), Vec::fill(ds[c * G + k / 32]));
+      const typename Vec::F wv = at(c, k);
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) acc[r][c] = Vec::fma(Vec::load(x + r * K + k), wv, acc[r][c]);
     }
@@ -29,26 +24,23 @@ void int8_block(const float* x, int64_t K, const int8_t* w, const uint16_t* scal
     for (int c = 0; c < C; ++c) out[r * N + n + c] = Vec::sum(acc[r][c]);
 }
 
+// int8: each weight formed as q·d (exact in float32; the C rows' float16 scales read into float32 first, once
+// per block), then summed as float weights are
+template <int R, int C>
+void int8_block(const float* x, int64_t K, const int8_t* w, const uint16_t* scale, int64_t n, float* out, int64_t N) {
+  const int64_t G = K / 32;
+  alignas(64) float ds[C * MAX_GROUPS];
+  Vec::halves(scale + n * G, ds, C * G);
+  sums<R, C>(x, K, [&](int c, int64_t k) {
+    if (C == 4 && c == 0) Vec::ahead(w + n * K + AHEAD + 4 * k);  // the 4·K bytes of these rows, AHEAD further on
+    return Vec::mul(Vec::int8(w + (n + c) * K + k), Vec::fill(ds[c * G + k / 32]));
+  }, n, out, N);
+}
+
 // float32 weights (the few rows of an output layer that int8 cannot hold exactly), summed alike
 template <int R, int C>
 void f32_block(const float* x, int64_t K, const float* w, const uint16_t*, int64_t n, float* out, int64_t N) {
-  typename Vec::F acc[R][C];
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) acc[r][c] = Vec::zero();
-  for (int64_t k = 0; k < K; k += LANES) {
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) {
-      const typename Vec::F wv = Vec::load(w + (n + c) * K + k);
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) acc[r][c] = Vec::fma(Vec::load(x + r * K + k), wv, acc[r][c]);
-    }
-  }
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int c = 0; c < C; ++c) out[r * N + n + c] = Vec::sum(acc[r][c]);
+  sums<R, C>(x, K, [&](int c, int64_t k) { return Vec::load(w + (n + c) * K + k); }, n, out, N);
 }
 
 template <int R, int C>
