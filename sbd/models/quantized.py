@@ -1,5 +1,5 @@
-"""Weight-only quantized linear layers on PyTorch's own kernels (CPU, and CUDA's): int8 per output channel, int4 in
-groups.
+"""Weight-only quantized linear layers, int8 and int4: on sbd's own products on a CPU, on PyTorch's kernels
+elsewhere (CUDA; a CPU without a C++ compiler).
 
 Why: at batch 1 a forward reads every weight once, so its time follows the weights' bytes. SmolLM2-135M in
 float32 reads 538 MB per forward; with int4 layers and an int8 output layer 95 MB. On a 2-core EPYC a
@@ -7,7 +7,7 @@ whole one-token forward took 22.2 ms in float32 and 11.4 ms with int4 layers
 (benchmarks/results/quantized_linear/results.md, which also compares torchao: its CPU int4 is a prototype
 over the same kernel, and its int8 path reconverts the weight on every eager call).
 
-How: `torch._weight_int8pack_mm` (int8 weight [N, K], one scale per output row) and
+torch's kernels: `torch._weight_int8pack_mm` (int8 weight [N, K], one scale per output row) and
 `torch._weight_int4pack_mm_for_cpu` (4-bit values q in groups of 32 along K, w = (q - 8)·scale + zero per
 group and row). On CUDA the same formats run on `torch._weight_int4pack_mm` (the "tinygemm" kernel, same
 w = (q - 8)·scale + zero, its own packing) and CUDA's `torch._weight_int8pack_mm`. All are private ops of
@@ -18,16 +18,16 @@ loop 20-50x slower) and the output is widened back to the model's dtype; everyth
 layers stays as loaded.
 
 On a CPU sbd's own products replace torch's kernels (`sbd/native/products.h`, in sbd's compiled extension,
-`sbd.models.extension`): the same weights and dequantization (int8 times the row's scale; int4 as
-(q - 8)·scale + zero), with the activations in float32 as the model holds them (torch's kernels round them to
-bfloat16 on the way in and the products on the way out), summed in a fixed order, the weights read once
-per call whatever the rows. torch's CPU kernels are bound by their arithmetic: SmolLM2's int8 output layer
-took 2.2 ms of a 10.8 ms int4 forward on a 2-core Xeon (sbd's: 1.1 ms), and its int4 layers 4.9 ms (sbd's:
-4.3 ms). sbd's int4 weights are packed for its product (16 bytes per group of 32 inputs and output row, the
-scales beside them per row), so which kernels a model's layers run is chosen once, when `quantize` makes
-them (the extension is built then, synchronously, once per machine), and kept for the model's life: a model
-never changes kernels mid-way, so its tokens never depend on when a build finished. Where the extension
-cannot be built, or with `SBD_NATIVE=0`, torch's kernels run.
+`sbd.models.extension`), in GGUF's own forms: groups of 32 inputs per output row with float16 numbers, int8
+as q·d (Q8_0's) and int4 as q·d + m (Q4_1's), each weight formed exactly so before it is summed, the
+activations taken in float32 as the model holds them (torch's kernels round them to bfloat16 on the way in
+and the products on the way out), summed in a fixed order, the weights read once per call whatever the rows.
+Weights that came from such a file are therefore held bit for bit (`sbd.models.lossless`, the CPU default).
+torch's CPU kernels are also bound by their arithmetic: SmolLM2's int8 output layer took 2.2 ms of a 10.8 ms
+int4 forward on a 2-core Xeon, and its int4 layers 4.9 ms (sbd's: 4.3 ms). Which kernels a model's layers
+run is chosen once, when `quantize` makes them (the extension is built then, synchronously, once per
+machine), and kept for the model's life: a model never changes kernels mid-way, so its tokens never depend
+on when a build finished. Where the extension cannot be built, or with `SBD_NATIVE=0`, torch's kernels run.
 
 Exactness: the kernels are row-invariant, i.e. row i of a many-row product is bit for bit the product
 of row i alone. With attention computed per committed token (the "exact" plan of
