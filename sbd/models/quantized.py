@@ -390,7 +390,8 @@ def held_weights(model) -> str:
     if fmt:
         return f"{fmt}, exactly as stored" if exact else fmt
     held = sum(isinstance(m, QuantizedLinear) for m in model.modules())
-    dtype = str(model.dtype).replace("torch.", "")
+    dtype = getattr(model, "dtype", None) or next((p.dtype for p in model.parameters()), "no weights")
+    dtype = str(dtype).replace("torch.", "")
     return f"{held} layers int4/int8 exactly as stored, the rest {dtype}" if held else dtype
 
 
