@@ -46,7 +46,6 @@ def model_from_args(args):
         from ..models.quantized import FORMATS, quantize
 
         if weights_arg(args) in FORMATS:  # --weights holds for a random model too, never silently dropped
-
             quantize(model, weights_arg(args))
         return model, None
     from ..models.loading import load

@@ -18,7 +18,6 @@ import torch
 from ..drafters.sampler_head import head_of
 from ..errors import SBDError
 from ..models.facts import ModelFacts, context_limit
-from ..models.quantized import held_weights
 from ..modes import eval_mode
 from .defaults import VerifySettings
 from .engine import Engine, ForwardRecord
@@ -320,7 +319,7 @@ def generate(model, tokenizer, prompts, spec: DecodeSpec | None = None, *, seed:
         prompt_lengths=[len(p) for p in prompt_ids], accepted=[r.accepted for r in rows],
         lookup_accepted=[r.lookup_accepted for r in rows],
         logprobs=[r.logprobs for r in rows] if spec.processing.logprobs is not None else None,
-        settings=spec.settings, weights=held_weights(model),
+        settings=spec.settings, weights=facts.held,
     )
 
 

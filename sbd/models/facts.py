@@ -15,7 +15,7 @@ import torch
 
 from ..drafters.adapter import adapter_of
 from ..errors import SBDError
-from .quantized import weights_format
+from .quantized import held_weights, weights_format
 
 FALLBACK_BLOCK = 16  # the block size of a model whose drafter records none
 
@@ -87,14 +87,16 @@ class ModelFacts:
     eos_ids: tuple[int, ...]
     device: torch.device
     weights: str | None = None  # "int8"/"int4" when quantized (`sbd.models.quantized`): row-invariant layers
+    held: str = ""  # what the user is told of the weights (`quantized.held_weights`: "int4, exactly as stored")
 
     @classmethod
     def of(cls, model, tokenizer=None) -> "ModelFacts":
         embeddings = model.get_input_embeddings()
         mask_id = getattr(model.config, "sbd_mask_token_id", None)
+        fmt = weights_format(model)
         return cls(context=context_limit(model), vocab=int(embeddings.num_embeddings), mask_id=mask_id,
                    block_size=default_block_size(model), eos_ids=tuple(default_eos_ids(model, tokenizer)),
-                   device=embeddings.weight.device, weights=weights_format(model))
+                   device=embeddings.weight.device, weights=fmt, held=held_weights(model, fmt))
 
     def end_ids(self, given=None) -> tuple[int, ...]:
         """The end tokens a call decodes with: `given` (a caller's `eos_token_ids`, each a token id of this

@@ -51,7 +51,7 @@ def exact(linear: nn.Linear, tail: int = 0) -> QuantizedLinear | None:
     """`linear` in sbd's int4 form, else its int8 form, where that gives back every weight bit for bit (its
     last `tail` rows at most kept float32 in an int8 layer); else None."""
     w = linear.weight.detach()
-    if w.dtype != torch.float32 or w.dim() != 2 or w.shape[1] % GROUP or w.device.type != "cpu":
+    if not _takes(w):
         return None
     for fmt in ("int4", "int8"):
         if not _same_rows(w[:PROBE_ROWS], fmt).all() and not (tail and len(w) <= tail):
@@ -63,6 +63,11 @@ def exact(linear: nn.Linear, tail: int = 0) -> QuantizedLinear | None:
         if fmt == "int8" and len(w) - first <= tail and first > 0:
             return QuantizedLinear.on_sbd(fmt, values[:first], numbers[:first], bias=linear.bias, tail=w[first:])
     return None
+
+
+def _takes(w: torch.Tensor) -> bool:
+    """Whether sbd's forms could hold these weights: float32 (N, K) on a CPU, K in groups of 32."""
+    return w.dtype == torch.float32 and w.dim() == 2 and w.shape[1] % GROUP == 0 and w.device.type == "cpu"
 
 
 def _same_rows(w: torch.Tensor, fmt: str, keep: bool = False):
@@ -83,6 +88,4 @@ def _any_exact(linears) -> bool:
     """Whether the first linear layer's first rows are held exactly in either format (before sbd's products
     are built: a float model is told without a compiler run)."""
     w = linears[0][1].weight.detach()
-    if w.dtype != torch.float32 or w.dim() != 2 or w.shape[1] % GROUP or w.device.type != "cpu":
-        return False
-    return any(bool(_same_rows(w[:PROBE_ROWS], fmt).all()) for fmt in ("int4", "int8"))
+    return _takes(w) and any(bool(_same_rows(w[:PROBE_ROWS], fmt).all()) for fmt in ("int4", "int8"))

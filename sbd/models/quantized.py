@@ -62,9 +62,11 @@ CUDA_K_TILES = (8, 4, 2)  # tinygemm's inner k tiles (16 input columns each), la
 
 
 class QuantizedLinear(nn.Module):
-    """A linear layer whose weight is int8 (per output row) or int4 (groups of `group` along the input)."""
+    """A linear layer whose weight is int8 or int4, in the forms of the kernel it runs on (`sbd_kernel`: sbd's
+    products, groups of 32 inputs with float16 numbers; else torch's: int8 per output row, int4 in groups of
+    `group` as (q - 8)·scale + zero)."""
 
-    sbd_kernel = False  # on sbd's own product (`quantize` on a CPU where sbd's extension is built; int4 packed for it)
+    sbd_kernel = False  # on sbd's own products (made on a CPU where sbd's extension is built; in their forms)
 
     def __init__(self, in_features: int, out_features: int, fmt: str, group: int = GROUP):
         super().__init__()
@@ -253,17 +255,14 @@ def sbd_groups(w: torch.Tensor, fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
     g = w.float().reshape(n, k // GROUP, GROUP)
     if fmt == "int8":
         d = (g.abs().amax(-1) / 127).to(torch.float16)
-        step = d.float()[..., None]
-        values = torch.where(step > 0, torch.round(g / step.clamp_min(torch.finfo(torch.float32).tiny)), 0)
-        numbers = d
-        values = values.clamp(-127, 127)
+        numbers, offset, lowest, highest = d, 0, -127, 127
     else:
         lo, hi = g.amin(-1), g.amax(-1)
         d, m = ((hi - lo) / 15).to(torch.float16), lo.to(torch.float16)
-        step = d.float()[..., None]
-        values = torch.where(step > 0, torch.round((g - m.float()[..., None]) / step.clamp_min(
-            torch.finfo(torch.float32).tiny)), 0).clamp(0, 15)
-        numbers = torch.stack([d, m], -1)
+        numbers, offset, lowest, highest = torch.stack([d, m], -1), m.float()[..., None], 0, 15
+    step = d.float()[..., None]  # a group whose step is 0 holds one value: every q is 0
+    values = torch.where(step > 0, torch.round((g - offset) / step.clamp_min(torch.finfo(torch.float32).tiny)), 0)
+    values = values.clamp(lowest, highest)
     if not torch.isfinite(numbers).all():
         raise SBDError(f"weights of magnitude {w.abs().max().item():.3g} are beyond float16's range: {fmt} cannot hold "
                        "them; load the model without weights=")
@@ -382,10 +381,12 @@ def weights_format(model) -> str | None:
     return fmt if fmt in FORMATS and not _base_linears(model) else None
 
 
-def held_weights(model) -> str:
+def held_weights(model, fmt=...) -> str:
     """What a user is told of a loaded model's linear layers: their format ("int4, exactly as stored" where
-    `sbd.models.lossless` held a file's own int4/int8 numbers), else their dtype."""
-    fmt = weights_format(model)
+    `sbd.models.lossless` held a file's own int4/int8 numbers), else their dtype. fmt: `weights_format(model)`
+    where the caller has it."""
+    if fmt is ...:
+        fmt = weights_format(model)
     exact = getattr(getattr(model, "config", None), "sbd_weights_exact", False)
     if fmt:
         return f"{fmt}, exactly as stored" if exact else fmt

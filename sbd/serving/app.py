@@ -16,7 +16,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse
 from pydantic import ValidationError
 
-from ..models.quantized import held_weights
 from . import errors
 from . import protocol as P
 from .config import ServerConfig
@@ -32,9 +31,9 @@ __all__ = ["ServerConfig", "create_app"]
 def create_app(model, tokenizer, config: ServerConfig | None = None) -> FastAPI:
     """The FastAPI app serving `model`; the engine thread starts and stops with the app's lifespan."""
     server = Server(model, tokenizer, config or ServerConfig())
-    # the model card names them: the format ("int4, exactly as stored" where a file's own numbers are held), else
-    # the dtype
-    weights = held_weights(model)
+    # the model card names them, as the server read them once: the format ("int4, exactly as stored" where a
+    # file's own numbers are held), else the dtype
+    weights = server.facts.held
 
     @asynccontextmanager
     async def lifespan(app):
