@@ -25,6 +25,7 @@ def run_smollm2_demo(n: int = 2, gamma: float = 0.35, block_size: int | None = N
     from ..models import extension
     from ..models.loading import load
     from ..models.narrow_linear import linear_layers
+    from ..models.quantized import held_weights
     from ..drafters.sampler_head import head_of
     from ..tasks.prompts import load_prompts
 
@@ -82,7 +83,8 @@ def run_smollm2_demo(n: int = 2, gamma: float = 0.35, block_size: int | None = N
                      f"{base_s / seconds:.2f}x"))
     print(f"SmolLM2-135M-Instruct + shipped drafting adapter{' and sampler head' if head_of(model) is not None else ''} "
           f"(block {k}), {len(ids)} held-out gsm_symbolic "
-          f"questions through the chat template, greedy, batch 1, CPU fp32; loaded in {loaded:.0f} s\n")
+          f"questions through the chat template, greedy, batch 1, CPU, {held_weights(model)} weights; loaded in "
+          f"{loaded:.0f} s\n")
     print_table(["", "same tokens as HF greedy", "tokens per forward", "tokens/s", "vs HF greedy"], rows)
     print("\nsbd-verify gives the original model's own answers (its next-token head checks every draft). Its "
           "defaults are the fastest exact settings measured for this adapter (named in its row): drafts from prompt "
