@@ -10,8 +10,8 @@ turns prompt by prompt in one process after a warm-up call each.
 --forwards both: every configuration also through transformers' own modules (engine={"lean": False}), in the
 same turns: sbd's own forward of Llama-family models (`sbd.decoding.llama_forward`) against what it replaces.
 
---accuracy N instead: N held-out questions of --task (gsm_symbolic by default; bare, through the chat template,
---max-answer-tokens tokens), NTP in each format (sbd-verify gives the same tokens), final answers scored by
+--accuracy N instead: N held-out questions of --task (gsm_symbolic by default; mixed: five tasks in turns; bare,
+through the chat template, --max-answer-tokens tokens), NTP in each format (sbd-verify gives the same tokens), final answers scored by
 reasoning-gym and compared with float32's final answers; int8 and int4 also on torch's kernels instead of
 sbd's own products (`sbd.models.quantized`), and how many answers the two kernels write alike. Writes
 accuracy.md (accuracy_TASK.md for another task).
@@ -50,7 +50,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--accuracy", type=int, default=0, help="score N held-out questions of --task instead")
     ap.add_argument("--task", default="gsm_symbolic", help="the task --accuracy scores (sbd.tasks: gsm_symbolic, "
-                    "chain_sum, basic_arithmetic, number_sorting, word_sequence_reversal)")
+                    "chain_sum, basic_arithmetic, number_sorting, word_sequence_reversal; mixed: all five in turns)")
     ap.add_argument("--max-answer-tokens", type=int, default=256, help="--accuracy: the budget of each answer")
     ap.add_argument("--forwards", choices=("sbd", "both"), default="sbd",
                     help="sbd: sbd's own forward where it supports the model (the default); both: also every "
@@ -117,24 +117,32 @@ def main() -> None:
     print("\n".join(lines))
 
 
+MIXED = ("gsm_symbolic", "chain_sum", "basic_arithmetic", "number_sorting", "word_sequence_reversal")
+
+
 def accuracy(models, args, torch) -> None:
     import sbd
     from sbd.tasks.answers import score
     from sbd.tasks.format import final_answer
     from sbd.tasks.splits import make_split
 
-    examples = make_split(args.task, "test", args.accuracy, 0)
+    if args.task == "mixed":  # the five tasks in turns, each question scored by its own task
+        share = -(-args.accuracy // len(MIXED))
+        per_task = [[(task, ex) for ex in make_split(task, "test", share, 0)] for task in MIXED]
+        examples = [pair for group in zip(*per_task) for pair in group][: args.accuracy]
+    else:
+        examples = [(args.task, ex) for ex in make_split(args.task, "test", args.accuracy, 0)]
     right = {fmt: [] for fmt in models}
     texts = {fmt: [] for fmt in models}
     answers = {fmt: [] for fmt in models}
-    for i, ex in enumerate(examples):
+    for i, (task, ex) in enumerate(examples):
         for fmt in models:
             model, tok = models[fmt]
             out = sbd.generate(model, tok, [ex["entry"]["question"]], method="ntp", max_new_tokens=args.max_answer_tokens,
                                chat=True)
             texts[fmt].append(out.token_ids[0])
             answers[fmt].append(final_answer(out.texts[0]))
-            right[fmt].append(score(args.task, ex["entry"], out.texts[0], chat=True) >= 1.0)
+            right[fmt].append(score(task, ex["entry"], out.texts[0], chat=True) >= 1.0)
         print(f"question {i + 1}/{len(examples)} done", file=sys.stderr, flush=True)
     n = len(examples)
     base = right["float32"]
@@ -143,7 +151,7 @@ def accuracy(models, args, torch) -> None:
              f"{args.max_answer_tokens} --out {args.out}`  ",
              f"Machine: {machine()}, {args.threads} threads, torch {torch.__version__}, "
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  ",
-             f"{n} held-out {args.task} questions (seed 0), bare, through the chat template, NTP greedy, "
+             f"{n} held-out {'questions of ' + ', '.join(MIXED) + ' in turns' if args.task == 'mixed' else args.task + ' questions'} (seed 0), bare, through the chat template, NTP greedy, "
              f"{args.max_answer_tokens} tokens "
              "(sbd-verify gives the same tokens of each format: results.md). float32 is the GGUF's Q4_1 weights "
              "dequantized, as `sbd import` writes them; defaults: the same numbers held in the file's own int4/int8 "

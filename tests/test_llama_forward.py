@@ -7,9 +7,18 @@ import torch
 
 import sbd
 from conftest import DEVICE, _model, attach_random_adapter, blocks, random_prompts
+from sbd.decoding import native_layers
 from sbd.decoding.forward import ModelForward
 from sbd.errors import SBDError
 from sbd.models import quantized
+
+
+@pytest.fixture(autouse=True)
+def torchs_adapter_update(monkeypatch):
+    """On a CPU sbd's forward runs its decoder layers from C++, whose adapter update at a block's rows is its own
+    loop by default (`native_layers.OWN_UPDATE`); here it is torch's, as the hooks compute it, so that every
+    position can be compared bit for bit (tests/test_native_layers.py checks the own loop)."""
+    monkeypatch.setattr(native_layers, "OWN_UPDATE", False)
 
 LEAN = ("llama", "qwen2", "mistral")
 

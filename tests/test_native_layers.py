@@ -49,9 +49,11 @@ def counted(monkeypatch):
     return seen
 
 
-def _records(model, prompts, native: bool, monkeypatch, **kw):
-    """(tokens, [(input ids, logits) of every forward]) of one generate call, native layers on or off."""
+def _records(model, prompts, native: bool, monkeypatch, own_update: bool = False, **kw):
+    """(tokens, [(input ids, logits) of every forward]) of one generate call, native layers on or off (the
+    adapter's update as the Python layers compute it unless `own_update`)."""
     monkeypatch.setattr(extension, "wanted", lambda: native)
+    monkeypatch.setattr(native_layers, "OWN_UPDATE", own_update)
     seen = []
     out = sbd.generate(model, None, prompts, seed=0, eos_token_ids=[],
                        observer=lambda r: seen.append((r.input_ids.clone(), r.logits.clone())), **kw)
@@ -68,15 +70,23 @@ def _same_forwards(model, prompts, monkeypatch, **kw):
         assert torch.equal(lg, lw), (lg - lw).abs().max()
 
 
-def _quantized(arch: str, fmt: str, seed: int, sbd: bool = True, **shape):
-    """A quantized model with random biases and drafting adapter; sbd: on sbd's own products, else torch's
-    kernels."""
-    model = _model.__wrapped__(arch, seed=seed, **shape)
+def _randomized(model, seed: int):
+    """Random biases and norm weights: transformers starts biases at zero and norm weights at one, where
+    adding a bias or the order of a norm's products would go unchecked."""
     seeded = torch.Generator().manual_seed(seed)
-    with torch.no_grad():  # transformers starts biases at zero, where adding them would go unchecked
+    with torch.no_grad():
         for m in model.modules():
             if isinstance(m, torch.nn.Linear) and m.bias is not None:
                 m.bias.copy_(torch.randn(m.bias.shape, generator=seeded, device="cpu").to(m.bias.device))
+            if type(m).__name__.endswith("RMSNorm"):
+                m.weight.copy_((1 + 0.5 * torch.randn(m.weight.shape, generator=seeded, device="cpu")).to(m.weight.device))
+    return model
+
+
+def _quantized(arch: str, fmt: str, seed: int, sbd: bool = True, **shape):
+    """A quantized model with random biases, norm weights and drafting adapter; sbd: on sbd's own products, else
+    torch's kernels."""
+    model = _randomized(_model.__wrapped__(arch, seed=seed, **shape), seed)
     attach_random_adapter(model, seed=seed)  # as `sbd.load` does: the adapter first, then the base quantized
     if sbd:
         quantized.quantize(model, fmt)
@@ -112,12 +122,7 @@ def test_native_layers_give_the_python_layers_logits_bit_for_bit(built, counted,
 def test_native_layers_give_float_layers_logits_bit_for_bit(built, counted, monkeypatch, arch, narrow):
     """float32 layers as loaded: torch's own, or sbd's narrow ones (W·xᵀ for few positions; one-token
     forwards as two columns where the weights would stream from memory, forced on here)."""
-    model = _model.__wrapped__(arch, seed=22)
-    seeded = torch.Generator().manual_seed(23)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, torch.nn.Linear) and m.bias is not None:
-                m.bias.copy_(torch.randn(m.bias.shape, generator=seeded, device="cpu").to(m.bias.device))
+    model = _randomized(_model.__wrapped__(arch, seed=22), 23)
     attach_random_adapter(model, seed=24)
     if narrow:
         use_narrow_linear(model, True, widest=16, single=True)
@@ -151,6 +156,7 @@ def test_one_length_cache_and_every_gate_form_run_natively_with_the_same_logits(
     steps = ((9, 9, None), (1, 1, None), (4, 0, 0), (3, 1, 1), (4, 1, torch.tensor([1, 4], device=DEVICE)),
              (3, 3, torch.tensor([3, 1], device=DEVICE)))
     results = []
+    monkeypatch.setattr(native_layers, "OWN_UPDATE", False)
     for native in (False, True):
         monkeypatch.setattr(extension, "wanted", lambda: native)
         lean = ModelForward(model).lean
@@ -174,6 +180,33 @@ def test_one_length_cache_and_every_gate_form_run_natively_with_the_same_logits(
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert all(torch.equal(a, b) for a, b in zip(keys_g, keys_w))
     assert counted["native"] == len(steps) - 1 and counted["gates"] == {0, 2, 3}
+
+
+@pytest.mark.parametrize("fmt", ["float32", "int4"])
+def test_the_adapters_update_on_sbds_loop_changes_no_committed_token(built, counted, monkeypatch, fmt):
+    """With the update on `low_rank_add` (the default): one-token forwards keep the Python layers' logits bit for
+    bit, block forwards come within float32 rounding of them, and sbd-verify writes the same tokens, NTP's."""
+    if fmt == "float32":
+        model = _randomized(_model.__wrapped__("llama", seed=31), 31)
+        attach_random_adapter(model, seed=31)
+    else:
+        model = _quantized("llama", fmt, 31)
+    for prompts in (random_prompts(3, 300, seed=32), random_prompts(1, 300, seed=33), SAME_LENGTHS):
+        ntp, _ = _records(model, prompts, False, monkeypatch, method="ntp", max_new_tokens=12)
+        for method, extra in (("ntp", {}), ("sbd-verify", {}), ("sbd-verify", {"draft": "block"})):
+            want_tokens, want = _records(model, prompts, False, monkeypatch, method=method, max_new_tokens=12,
+                                         **blocks(method, 4), **extra)
+            got_tokens, got = _records(model, prompts, True, monkeypatch, own_update=True, method=method,
+                                       max_new_tokens=12, **blocks(method, 4), **extra)
+            assert got_tokens == want_tokens == ntp
+            assert len(got) == len(want) > 1
+            for (ids_g, lg), (ids_w, lw) in zip(got, want):
+                assert torch.equal(ids_g, ids_w)
+                if method == "ntp":
+                    assert torch.equal(lg, lw)
+                else:
+                    assert (lg - lw).abs().max() <= 1e-5 * lw.abs().max()
+    assert counted["gates"] >= {1, 2}
 
 
 def test_without_a_compiler_the_python_layers_run_after_one_line(counted, monkeypatch, tmp_path, capsys):

@@ -63,7 +63,7 @@ def test_every_instruction_set_row_count_and_thread_count_give_the_same_bits(ext
             torch.set_num_threads(n_threads)
             for use in range(ext.isa() + 1):  # plain C++, then AVX2, then AVX-512 where this CPU has them
                 assert torch.equal(mm(x, use), want)
-                for m in (1, 2, 3, 4, 5, 6, 7, 8):  # rows alone and among others: 4, 2 and 1 at a time
+                for m in (1, 2, 3, 4, 5, 6, 7, 8):  # rows alone and among others: 4 at a time, then 3, 2 or 1
                     assert torch.equal(mm(x[:m], use), want[:m])
                 assert torch.equal(mm(x[5:6], use), want[5:6])
     finally:
@@ -182,3 +182,30 @@ def test_weights_from_q8_0_and_q4_1_are_given_back_with_the_files_own_numbers():
     values, scales = quantized.sbd_groups(w8, "int8")
     assert torch.equal(scales, d) and torch.equal(values.long(), q8.reshape(n, k))
     assert torch.equal(quantized.int8_weights(values, scales), w8)
+
+
+def test_the_adapters_low_rank_update_is_its_formula_each_row_alone_on_every_instruction_set(ext):
+    """`low_rank_add`: out += scale · (x · aᵀ) · bt in place, within float32 rounding of the exact sum, the same
+    bits on every instruction set and for each row alone or among others (sizes off the 16 lanes included)."""
+    g = torch.Generator().manual_seed(5)
+    for k, n, r in ((576, 1536, 16), (70, 37, 4), (16, 16, 1)):
+        x, a, bt = (torch.randn(*shape, generator=g) for shape in ((5, k), (r, k), (r, n)))
+        out = torch.randn(5, n, generator=g)
+        exact = out.double() + 2.0 * (x.double() @ a.double().t()) @ bt.double()
+        want = out.clone()
+        ext.low_rank_add(want, x, a, bt, 2.0, 0)
+        assert ((want.double() - exact).abs().max() / exact.abs().max()) < 1e-6
+        for use in range(ext.isa() + 1):
+            got = out.clone()
+            ext.low_rank_add(got, x, a, bt, 2.0, use)
+            assert torch.equal(got, want)
+            for i in range(5):
+                row = out[i : i + 1].clone()
+                ext.low_rank_add(row, x[i : i + 1], a, bt, 2.0, use)
+                assert torch.equal(row, want[i : i + 1])
+        wide = torch.randn(5, 2 * n, generator=g)  # rows with a stride: a layer's columns in a joint output
+        cols = wide[:, :n]
+        before = wide[:, n:].clone()
+        cols.copy_(out)
+        ext.low_rank_add(cols, x, a, bt, 2.0)
+        assert torch.equal(cols, want) and torch.equal(wide[:, n:], before)

@@ -1,8 +1,8 @@
 """The decoder layers from C++ (`sbd.decoding.native_layers`) against the Python layers, in turns prompt by
-prompt: SmolLM2 + its drafter with quantized weights, NTP and sbd-verify with their defaults (8 prompts,
+prompt: SmolLM2 + its drafter with its weights as loaded, NTP and sbd-verify with their defaults (8 prompts,
 twice, after a warm-up call each).
 
-    python benchmarks/probes/native_layers.py int4 chat      # or int8; chat or gsm
+    python benchmarks/probes/native_layers.py defaults chat      # or float32, int8, int4; chat or gsm
 """
 
 from __future__ import annotations

@@ -41,14 +41,15 @@ def take_turns(settings: dict[str, Callable[[str], object]], prompts: list[str],
 
 
 def patched_turns(module, name: str, settings: dict[str, object], fmt: str, which: str) -> None:
-    """SmolLM2 + its drafter with `fmt` weights ("float32", "int8", "int4"), NTP then sbd-verify with their
-    defaults, each setting of `module.<name>` (label -> value) set before its calls, taking turns."""
+    """SmolLM2 + its drafter with `fmt` weights ("defaults": as `sbd.load` holds them; "float32"; "int8", "int4":
+    requantized), NTP then sbd-verify with their defaults, each setting of `module.<name>` (label -> value) set
+    before its calls, taking turns."""
     import torch
 
     import sbd
 
     torch.set_num_threads(2)
-    model, tok = sbd.load("smollm2", weights="float" if fmt == "float32" else fmt)
+    model, tok = sbd.load("smollm2", weights={"float32": "float", "defaults": True}.get(fmt, fmt))
 
     def run(value, method):
         def go(p):

@@ -3,8 +3,9 @@
 Why: a one-token forward of SmolLM2-135M with int4 weights spends about as long around its kernels as in
 them: ~2,000 small operations (norms, casts, the rotation, views, cache writes), each ~1.4 µs when Python
 calls it and ~0.7 µs from C++, and the Python between them. `sbd/native/decoder_layers.cpp` makes the very
-calls `LlamaForward` makes, in the same order, so the logits are bit for bit the Python layers'
-(tests/test_native_layers.py); the embedding, the rotary tables, the last norm and the output layer stay in
+calls `LlamaForward` makes, in the same order (the norm's last four and the rotation's last three as one loop
+each, rounded alike), so the logits are bit for bit the Python layers' (tests/test_native_layers.py), except
+at a block's rows, where the drafting adapter's update runs on sbd's own loop (`OWN_UPDATE`); the embedding, the rotary tables, the last norm and the output layer stay in
 Python (the drafting adapter's and the sampler head's hooks on them run).
 
 Where it runs: a CPU; linear layers that are torch's own, sbd's narrow ones (`sbd.models.narrow_linear`) or
@@ -14,11 +15,13 @@ forward takes. Anything else (other layers, a GPU, gradients) runs the Python la
 
 The extension (`sbd.models.extension`) is compiled once per machine. The first process that wants it
 compiles it in the background while its forwards run the Python layers, so no call waits for the compiler.
-Where it cannot be built, sbd says so once and runs the Python layers: the same tokens, slower.
+Where it cannot be built, sbd says so once and runs the Python layers: the same tokens of sbd-verify, slower.
 `SBD_NATIVE=0` turns it off.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 from torch import nn
@@ -28,6 +31,13 @@ from ..models.narrow_linear import NARROWEST, NarrowLinear
 from ..models.quantized import QuantizedLinear
 
 KINDS = {"int8": 1, "int4": 2}  # on torch's kernels
+MAX_RANK = 256  # the adapter ranks sbd's low_rank_add takes (products.h)
+# The drafting adapter's update at a block's rows on sbd's own loop (`low_rank_add`, one call per layer) instead of
+# torch's two small products per layer (2.7 ms of a 12 ms block forward on SmolLM2). The same sums in another
+# order: sbd-verify's tokens never depend on it (the gate is on at masks only); plain SBD's, which are drafts,
+# may differ from the Python layers' where two logits nearly tie. False: torch's products, the Python layers'
+# bits at every position (the tests compare the two so).
+OWN_UPDATE = True
 SBD_KINDS = {"int8": 4, "int4": 5}  # on sbd's own products (`QuantizedLinear.sbd_kernel`)
 
 
@@ -61,17 +71,39 @@ def _silu(act) -> bool:
 
 
 def _linear(entry, lin) -> tuple:
-    """(kind, weight, scales, group, bias, Aᵀ, Bᵀ, narrow lo, narrow hi) of one layer, as the extension takes
-    it: quantized layers by format; float ones by the forward `LlamaForward` bound (`entry`), a narrow
-    layer's with the positions it takes its narrow form at."""
+    """(kind, weight, scales, group, bias, Aᵀ, Bᵀ, narrow lo, narrow hi, A, Bᵀ contiguous) of one layer, as the
+    extension takes it: quantized layers by format; float ones by the forward `LlamaForward` bound (`entry`), a
+    narrow layer's with the positions it takes its narrow form at; the adapter's factors twice, as torch's
+    products take them and as sbd's `low_rank_add` does (float32 only, else None)."""
     _, quantized, _, key, update = entry
     a_t, b_t = update if update is not None else (None, None)
+    own = _factors(a_t, b_t)
     if quantized:
-        return _kind(lin), lin.qweight, lin.kernel_scales, lin.group, lin.bias, a_t, b_t, 0, 0
+        return _kind(lin), lin.qweight, lin.kernel_scales, lin.group, lin.bias, a_t, b_t, 0, 0, *own
     if entry[0].__func__ is NarrowLinear.forward:
         lo = 1 if lin.narrow_single else NARROWEST
-        return 3, lin.weight, None, 0, lin.bias, a_t, b_t, lo, lin.narrow_widest
-    return 0, lin.weight, None, 0, lin.bias, a_t, b_t, 0, 0
+        return 3, lin.weight, None, 0, lin.bias, a_t, b_t, lo, lin.narrow_widest, *own
+    return 0, lin.weight, None, 0, lin.bias, a_t, b_t, 0, 0, *own
+
+
+# Bᵀ laid out as rows, per adapter weight (by identity: the weight, its version, the rows): made again only when
+# the weight changed in place (training) or is another one
+_ROWS: dict[int, tuple] = {}
+
+
+def _factors(a_t, b_t) -> tuple:
+    """(A, Bᵀ) contiguous, float32, for `low_rank_add`; (None, None) for another dtype or no update."""
+    if a_t is None or a_t.dtype != torch.float32 or b_t.dtype != torch.float32 or a_t.shape[1] > MAX_RANK:
+        return None, None
+    a = a_t.t() if a_t.t().is_contiguous() else a_t.t().contiguous()
+    if b_t.is_contiguous():
+        return a, b_t
+    base = b_t._base if b_t._base is not None else b_t
+    kept = _ROWS.get(id(base))
+    if kept is None or kept[0]() is not base or kept[1] != base._version:
+        kept = (weakref.ref(base, lambda _, key=id(base): _ROWS.pop(key, None)), base._version, b_t.contiguous())
+        _ROWS[id(base)] = kept
+    return a, kept[2]
 
 
 def _kind(q) -> int:
@@ -140,7 +172,7 @@ class NativeLayers:
         out = layers.forward(h, cos, sin, [c._k for c in caches], [c._v for c in caches], lo, hi, visible,
                              -1 if wf is None else wf, None if wf is not None else write_at, plan, layout.length,
                              layout.width, layout.causal_blocks, layout.mask, rows, gate_mode, gate_start,
-                             gate_per_row, adapter_scaling)
+                             gate_per_row, adapter_scaling, OWN_UPDATE)
         if not hasattr(first, "write_from"):
             for c in caches:
                 c.length = visible

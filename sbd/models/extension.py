@@ -59,7 +59,7 @@ def _compile(name: str, target: Path, background: bool = False) -> None:
     libs = cpp_extension.library_paths()
     target.parent.mkdir(parents=True, exist_ok=True)
     part = target.with_name(f"{target.stem}.{os.getpid()}.{threading.get_ident()}.part")
-    cmd = [cxx, "-O2", "-std=c++17", "-fPIC", "-shared", "-fopenmp", f"-DTORCH_EXTENSION_NAME={name}",
+    cmd = [cxx, "-O2", "-std=c++17", "-ffp-contract=off", "-fPIC", "-shared", "-fopenmp", f"-DTORCH_EXTENSION_NAME={name}",
            "-DTORCH_API_INCLUDE_EXTENSION_H", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
            *(f"-isystem{p}" for p in includes), str(MAIN), *(f"-L{p}" for p in libs),
            "-lc10", "-ltorch_cpu", "-ltorch", "-ltorch_python", "-o", str(part)]

@@ -25,6 +25,7 @@ struct Linear {
   // 4 int8 on sbd's product, 5 int4 on sbd's (products.h)
   int64_t kind = 0;
   Tensor weight, scales, bias, a_t, b_t;
+  Tensor a_rows, bt_rows;  // the update's factors as low_rank_add takes them (r, in) and (r, out), or undefined
   int64_t group = 0;
   int64_t narrow_lo = 2, narrow_hi = 0;  // kind 3: positions per forward that take the narrow path
   bool has_bias = false, has_update = false;
@@ -68,13 +69,70 @@ struct Step {  // one forward's cache writes, attention plan and adapter gate
   int64_t gate_mode, gate_start;
   Tensor gate_per_row;
   double adapter_scaling;
+  bool own_update;  // the adapter's update on sbd's low_rank_add where it takes it (else torch's two products)
 };
 
+// weight · (x · rsqrt(var + eps)) over float32 rows: the Python norm's four operations after its mean in one loop,
+// each rounded as they round it (eps taken as float32, as a tensor's sum with a number takes it; 1/sqrt, as
+// rsqrt computes it; no fused multiply-add: the build says -ffp-contract=off): the same bits, one call, not four
+Tensor scaled_by_norm(const Tensor& weight, const Tensor& x, const Tensor& var, double eps) {
+  const int64_t H = x.size(-1), rows = x.numel() / std::max<int64_t>(H, 1);
+  Tensor out = at::empty_like(x, at::MemoryFormat::Contiguous);
+  const float* xp = x.data_ptr<float>();
+  const float* vp = var.data_ptr<float>();
+  const float* wp = weight.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const float e = static_cast<float>(eps);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float inv = 1.0f / std::sqrt(vp[r] + e);
+    for (int64_t i = 0; i < H; ++i) {
+      const float scaled = xp[r * H + i] * inv;
+      op[r * H + i] = wp[i] * scaled;
+    }
+  }
+  return out;
+}
+
 Tensor rms_norm(const Tensor& weight, double eps, const Tensor& x) {
-  if (x.scalar_type() == at::kFloat) return weight * (x * at::rsqrt(x.pow(2).mean({-1}, true) + eps));
+  if (x.scalar_type() == at::kFloat) {
+    Tensor var = x.pow(2).mean({-1}, true);
+    if (weight.scalar_type() == at::kFloat && weight.dim() == 1 && weight.size(0) == x.size(-1) &&
+        weight.is_contiguous() && x.is_contiguous() && var.is_contiguous())
+      return scaled_by_norm(weight, x, var, eps);
+    return weight * (x * at::rsqrt(var + eps));
+  }
   Tensor h = x.to(at::kFloat);
   h = h * at::rsqrt(h.pow(2).mean({-1}, true) + eps);
   return weight * h.to(x.scalar_type());
+}
+
+// x · cos + x.roll(half, -1) · sin, sin's first half negated (llama_forward's rotation): the first product by ATen,
+// which lays the result out as it laid it out before, then the rolled product added in place by one loop, each
+// rounded as ATen rounds it: the same bits and layout, two calls where the roll and the sum made four
+Tensor rotate(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+  const int64_t half = cos.size(-1) / 2;
+  Tensor out = x * cos;
+  const bool plain = x.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat &&
+                     x.dim() == 4 && sin.dim() == 4 && x.stride(3) == 1 && out.stride(3) == 1 && sin.stride(3) == 1 &&
+                     sin.size(1) == 1 && (sin.size(0) == x.size(0) || sin.size(0) == 1) && sin.size(2) == x.size(2) &&
+                     sin.size(3) == x.size(3) && x.size(3) == 2 * half;
+  if (!plain) return out + x.roll({half}, {-1}) * sin;
+  const int64_t B = x.size(0), Hn = x.size(1), W = x.size(2), D = x.size(3);
+  const float* xp = x.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hn; ++h)
+      for (int64_t w = 0; w < W; ++w) {
+        const float* xr = xp + b * x.stride(0) + h * x.stride(1) + w * x.stride(2);
+        const float* sr = sp + (sin.size(0) == 1 ? 0 : b * sin.stride(0)) + w * sin.stride(2);
+        float* orow = op + b * out.stride(0) + h * out.stride(1) + w * out.stride(2);
+        for (int64_t d = 0; d < D; ++d) {
+          const float rolled = xr[(d + half) % D] * sr[d];
+          orow[d] = orow[d] + rolled;
+        }
+      }
+  return out;
 }
 
 Tensor sdpa(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
@@ -180,6 +238,21 @@ Tensor gated(const Tensor& x, const Step& st) {
 // out (B, W, n), the layer's output for input x, with the adapter's gated update: in place (modes 1, 2:
 // LlamaForward's one-row slice, gated_update's in-place form) or a new tensor (mode 3: its per-row form).
 Tensor add_gated(const Linear& lin, const Tensor& x, const Tensor& out, const Step& st) {
+  const bool own = st.own_update && lin.a_rows.defined() && (st.gate_mode == 1 || st.gate_mode == 2) &&
+                   x.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat && x.is_cpu() &&
+                   x.stride(-1) == 1 && out.stride(-1) == 1;
+  if (own && st.gate_mode == 1) {  // the flattened rows from gate_start, as the torch form below takes them
+    Tensor g = gated(x, st);
+    Tensor flat = out.view({-1, out.size(-1)});
+    sbd_products::low_rank_add(flat.slice(0, flat.size(0) - g.size(0)), g, lin.a_rows, lin.bt_rows, st.adapter_scaling);
+    return out;
+  }
+  if (own) {  // every row's block from gate_start
+    for (int64_t b = 0; b < out.size(0); ++b)
+      sbd_products::low_rank_add(out[b].slice(0, st.gate_start), x[b].slice(0, st.gate_start), lin.a_rows,
+                                 lin.bt_rows, st.adapter_scaling);
+    return out;
+  }
   if (st.gate_mode == 1) {
     Tensor g = gated(x, st);
     Tensor flat = out.view({-1, out.size(-1)});
@@ -240,13 +313,12 @@ class DecoderLayers {
                  const std::optional<Tensor>& write_at, const std::string& plan, int64_t length, int64_t width,
                  bool causal_blocks, const std::optional<Tensor>& mask, std::vector<int64_t> rows,
                  int64_t gate_mode, int64_t gate_start, const std::optional<Tensor>& gate_per_row,
-                 double adapter_scaling) {
+                 double adapter_scaling, bool own_update) {
     py::gil_scoped_release unlocked;
     Step st{lo, hi, visible, write_from, write_at.value_or(Tensor()), plan, length, width, causal_blocks,
             mask.value_or(Tensor()), std::move(rows), gate_mode, gate_start, gate_per_row.value_or(Tensor()),
-            adapter_scaling};
+            adapter_scaling, own_update};
     int64_t B = h.size(0), W = h.size(1);
-    int64_t half = cos.size(-1) / 2;
     auto dtype = h.scalar_type();
     for (size_t i = 0; i < layers_.size(); ++i) {
       const Layer& L = layers_[i];
@@ -267,15 +339,15 @@ class DecoderLayers {
         }
         Tensor qk = y.slice(1, 0, sz[0] + sz[1]).view({B, W, -1, hd}).transpose(1, 2);
         vs = y.slice(1, sz[0] + sz[1]).view({B, W, -1, hd}).transpose(1, 2);
-        qk = qk * cos + qk.roll({half}, {-1}) * sin;
+        qk = rotate(qk, cos, sin);
         qs = qk.slice(1, 0, sz[0] / hd);
         ks = qk.slice(1, sz[0] / hd);
       } else {
         qs = linear(L.q, x, xq, st).view({B, W, -1, hd}).transpose(1, 2).to(dtype);
         ks = linear(L.k, x, xq, st).view({B, W, -1, hd}).transpose(1, 2).to(dtype);
         vs = linear(L.v, x, xq, st).view({B, W, -1, hd}).transpose(1, 2).to(dtype);
-        qs = qs * cos + qs.roll({half}, {-1}) * sin;
-        ks = ks * cos + ks.roll({half}, {-1}) * sin;
+        qs = rotate(qs, cos, sin);
+        ks = rotate(ks, cos, sin);
       }
       // the slot cache's write (sbd/decoding/cache.py, SlotLayer.update)
       Tensor kc = keys[i].slice(0, st.lo, st.hi), vc = values[i].slice(0, st.lo, st.hi);
@@ -307,7 +379,8 @@ class DecoderLayers {
   int64_t size() const { return static_cast<int64_t>(layers_.size()); }
 
  private:
-  // (kind, weight, scales, group, bias or None, A^T or None, B^T or None, narrow lo, narrow hi)
+  // (kind, weight, scales, group, bias or None, A^T or None, B^T or None, narrow lo, narrow hi, A or None,
+  // B^T contiguous or None)
   static Linear to_linear(const py::tuple& t) {
     Linear lin;
     lin.kind = t[0].cast<int64_t>();
@@ -319,6 +392,7 @@ class DecoderLayers {
     lin.has_update = !t[5].is_none();
     if (lin.has_update) lin.a_t = t[5].cast<Tensor>(), lin.b_t = t[6].cast<Tensor>();
     lin.narrow_lo = t[7].cast<int64_t>(), lin.narrow_hi = t[8].cast<int64_t>();
+    if (!t[9].is_none()) lin.a_rows = t[9].cast<Tensor>(), lin.bt_rows = t[10].cast<Tensor>();
     return lin;
   }
 
@@ -350,6 +424,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "x (M, K) · int4 w (N, K/2 packed by int4_pack) as q·d + m with float16 (d, m) per group of 32 (N, K/32, 2): "
         "(M, N) in x's dtype");
   m.def("int4_pack", &sbd_products::int4_pack, "int4 values (N, K), 0..15, in int4_mm's layout");
+  m.def("low_rank_add", &sbd_products::low_rank_add, py::arg("out"), py::arg("x"), py::arg("a"), py::arg("bt"),
+        py::arg("scale"), py::arg("use") = -1,
+        "in place: out (R, N) += scale * (x (R, K) @ a (r, K)^T) @ bt (r, N), float32, each row alone; use: as int8_mm's");
   m.def("isa", [] { return static_cast<int64_t>(sbd_products::isa()); }, "the instruction set the products run: 0, 1 or 2");
   py::class_<DecoderLayers>(m, "DecoderLayers")
       .def(py::init<>())

@@ -76,7 +76,8 @@ void int4_block(const float* x, int64_t K, const uint8_t* w, const uint16_t* sz,
 }
 
 // output rows n0..n1 for the M rows of x: 4 output rows at a time (then one), and for each the rows of x 4 at a
-// time (then 2, then 1): the weights are read from memory once, whatever M
+// time, then the 3, 2 or 1 left in one block (each block forms the weights again from cache: three rows as 2 + 1
+// formed them twice, 27% slower than 4 rows in a forward of SmolLM2): the weights are read from memory once, whatever M
 #define SBD_ROWS(NAME, BLOCK, W)                                                                                  \
   inline void NAME(const float* x, int64_t M, int64_t K, const W* w, const uint16_t* s, int64_t n0, int64_t n1, \
                    float* out, int64_t N) {                                                                       \
@@ -84,8 +85,9 @@ void int4_block(const float* x, int64_t K, const uint8_t* w, const uint16_t* sz,
     for (; n + 4 <= n1; n += 4) {                                                                                 \
       int64_t r = 0;                                                                                              \
       for (; r + 4 <= M; r += 4) BLOCK<4, 4>(x + r * K, K, w, s, n, out + r * N, N);                             \
-      for (; r + 2 <= M; r += 2) BLOCK<2, 4>(x + r * K, K, w, s, n, out + r * N, N);                             \
-      for (; r < M; ++r) BLOCK<1, 4>(x + r * K, K, w, s, n, out + r * N, N);                                      \
+      if (M - r == 3) BLOCK<3, 4>(x + r * K, K, w, s, n, out + r * N, N);                                         \
+      if (M - r == 2) BLOCK<2, 4>(x + r * K, K, w, s, n, out + r * N, N);                                         \
+      if (M - r == 1) BLOCK<1, 4>(x + r * K, K, w, s, n, out + r * N, N);                                         \
     }                                                                                                             \
     for (; n < n1; ++n) {                                                                                         \
       int64_t r = 0;                                                                                              \
@@ -97,3 +99,36 @@ SBD_ROWS(int8_rows, int8_block, int8_t)
 SBD_ROWS(int4_rows, int4_block, uint8_t)
 SBD_ROWS(f32_rows, f32_block, float)
 #undef SBD_ROWS
+
+// out rows += scale · ((x rows · aᵀ) · bt), each row alone (products.h's low_rank_add): t_j = x · a_j over K in 16
+// lanes, in order, the lanes added in their fixed tree, the last K % 16 after it one by one; then each output
+// out_n + scale · Σ_j t_j · bt[j, n], j in order, 16 outputs at a time and the last N % 16 alike one by one
+inline void low_rank_rows(const float* x, int64_t xs, int64_t R, int64_t K, const float* a, int64_t r, const float* bt,
+                          int64_t N, float* out, int64_t os, float scale) {
+  float t[MAX_RANK];
+  const typename Vec::F sv = Vec::fill(scale);
+  for (int64_t i = 0; i < R; ++i) {
+    const float* xi = x + i * xs;
+    for (int64_t j = 0; j < r; ++j) {
+      typename Vec::F acc = Vec::zero();
+      int64_t k = 0;
+      for (; k + LANES <= K; k += LANES) acc = Vec::fma(Vec::load(xi + k), Vec::load(a + j * K + k), acc);
+      float sum = Vec::sum(acc);
+      for (; k < K; ++k) sum = std::fma(xi[k], a[j * K + k], sum);
+      t[j] = sum;
+    }
+    float* oi = out + i * os;
+    int64_t n = 0;
+    for (; n + LANES <= N; n += LANES) {
+      typename Vec::F acc = Vec::zero();
+      for (int64_t j = 0; j < r; ++j) acc = Vec::fma(Vec::fill(t[j]), Vec::load(bt + j * N + n), acc);
+      Vec::store(oi + n, Vec::add(Vec::load(oi + n), Vec::mul(sv, acc)));
+    }
+    for (; n < N; ++n) {
+      float acc = 0.0f;
+      for (int64_t j = 0; j < r; ++j) acc = std::fma(t[j], bt[j * N + n], acc);
+      const float scaled = scale * acc;
+      oi[n] = oi[n] + scaled;
+    }
+  }
+}
