@@ -112,9 +112,10 @@ Tensor rms_norm(const Tensor& weight, double eps, const Tensor& x) {
 Tensor rotate(const Tensor& x, const Tensor& cos, const Tensor& sin) {
   const int64_t half = cos.size(-1) / 2;
   Tensor out = x * cos;
-  const bool plain = x.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat &&
-                     x.dim() == 4 && sin.dim() == 4 && x.stride(3) == 1 && out.stride(3) == 1 && sin.stride(3) == 1 &&
-                     sin.size(1) == 1 && (sin.size(0) == x.size(0) || sin.size(0) == 1) && sin.size(2) == x.size(2) &&
+  const bool plain = x.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat &&
+                     sin.scalar_type() == at::kFloat && x.dim() == 4 && sin.dim() == 4 && x.stride(3) == 1 &&
+                     out.stride(3) == 1 && sin.stride(3) == 1 && sin.size(1) == 1 &&
+                     (sin.size(0) == x.size(0) || sin.size(0) == 1) && sin.size(2) == x.size(2) &&
                      sin.size(3) == x.size(3) && x.size(3) == 2 * half;
   if (!plain) return out + x.roll({half}, {-1}) * sin;
   const int64_t B = x.size(0), Hn = x.size(1), W = x.size(2), D = x.size(3);
@@ -238,19 +239,19 @@ Tensor gated(const Tensor& x, const Step& st) {
 // out (B, W, n), the layer's output for input x, with the adapter's gated update: in place (modes 1, 2:
 // LlamaForward's one-row slice, gated_update's in-place form) or a new tensor (mode 3: its per-row form).
 Tensor add_gated(const Linear& lin, const Tensor& x, const Tensor& out, const Step& st) {
-  const bool own = st.own_update && lin.a_rows.defined() && (st.gate_mode == 1 || st.gate_mode == 2) &&
-                   x.scalar_type() == at::kFloat && out.scalar_type() == at::kFloat && x.is_cpu() &&
-                   x.stride(-1) == 1 && out.stride(-1) == 1;
-  if (own && st.gate_mode == 1) {  // the flattened rows from gate_start, as the torch form below takes them
-    Tensor g = gated(x, st);
-    Tensor flat = out.view({-1, out.size(-1)});
-    sbd_products::low_rank_add(flat.slice(0, flat.size(0) - g.size(0)), g, lin.a_rows, lin.bt_rows, st.adapter_scaling);
-    return out;
-  }
-  if (own) {  // every row's block from gate_start
+  const bool own = st.own_update && lin.a_rows.defined() &&
+                   ((st.gate_mode == 1 && x.size(0) == 1) || st.gate_mode == 2) &&
+                   x.dim() == 3 && out.dim() == 3 && x.scalar_type() == at::kFloat &&
+                   out.scalar_type() == at::kFloat && x.is_cpu() && x.stride(2) == 1 && out.stride(2) == 1 &&
+                   x.size(2) == lin.a_rows.size(1) && out.size(2) == lin.bt_rows.size(1);
+  if (own) {  // every row's block from gate_start (mode 1: the one row's), on raw rows: no view per layer
+    const int64_t W = x.size(1), from = std::min(std::max<int64_t>(st.gate_start, 0), W);
     for (int64_t b = 0; b < out.size(0); ++b)
-      sbd_products::low_rank_add(out[b].slice(0, st.gate_start), x[b].slice(0, st.gate_start), lin.a_rows,
-                                 lin.bt_rows, st.adapter_scaling);
+      sbd_products::low_rank_rows_at(x.data_ptr<float>() + b * x.stride(0) + from * x.stride(1), x.stride(1), W - from,
+                                     x.size(2), lin.a_rows.data_ptr<float>(), lin.a_rows.size(0),
+                                     lin.bt_rows.data_ptr<float>(), out.size(2),
+                                     out.data_ptr<float>() + b * out.stride(0) + from * out.stride(1), out.stride(1),
+                                     static_cast<float>(st.adapter_scaling));
     return out;
   }
   if (st.gate_mode == 1) {

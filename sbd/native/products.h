@@ -269,11 +269,21 @@ inline at::Tensor int4_pack(const at::Tensor& values) {
   return v.select(2, 0).bitwise_or(v.select(2, 1).bitwise_left_shift(4)).reshape({values.size(0), -1}).contiguous();
 }
 
+// low_rank_add on raw rows (x: R rows of K floats `xs` apart; out: R rows of N floats `os` apart), checked by the
+// caller: the decoder layers call it so, without a tensor view per layer
+inline void low_rank_rows_at(const float* x, int64_t xs, int64_t R, int64_t K, const float* a, int64_t r,
+                             const float* bt, int64_t N, float* out, int64_t os, float scale, int64_t use = -1) {
+  using Fn = void (*)(const float*, int64_t, int64_t, int64_t, const float*, int64_t, const float*, int64_t, float*,
+                      int64_t, float);
+  static const Fn fns[3] = {plain::low_rank_rows, avx2::low_rank_rows, avx512::low_rank_rows};
+  fns[static_cast<int>(chosen(use))](x, xs, R, K, a, r, bt, N, out, os, scale);
+}
+
 // The drafting adapter's update at a layer's gated rows, in place: out (R, N) += scale · (x (R, K) · aᵀ) · bt,
 // a (r, K) and bt (r, N) its two low-rank factors as rows; float32, rows with any stride, columns contiguous.
-// Each row alone, in a fixed order on every instruction set (products_body.h's low_rank_rows). Why: called from
-// torch it is two small matrix products per targeted layer (420 per forward on SmolLM2's 210 layers), ~3 us of
-// dispatch each: 2.7 ms of a 12 ms block forward, for ~5 M multiply-adds.
+// Each row alone, in a fixed order on every instruction set (products_body.h's low_rank_rows). Why: from torch it
+// is two small matrix products per targeted layer (420 a forward on SmolLM2's 210 layers), ~3 us of dispatch each
+// for ~5 M multiply-adds in all; as one call per layer a block forward takes 0.6-0.8 ms less.
 inline void low_rank_add(const at::Tensor& out, const at::Tensor& x, const at::Tensor& a, const at::Tensor& bt,
                          double scale, int64_t use = -1) {
   TORCH_CHECK(out.dim() == 2 && x.dim() == 2 && a.dim() == 2 && bt.dim() == 2 && out.size(0) == x.size(0) &&
@@ -285,12 +295,9 @@ inline void low_rank_add(const at::Tensor& out, const at::Tensor& x, const at::T
   TORCH_CHECK((out.size(1) <= 1 || out.stride(1) == 1) && (x.size(1) <= 1 || x.stride(1) == 1) && a.is_contiguous() &&
                   bt.is_contiguous() && a.size(0) <= MAX_RANK,
               "low_rank_add: contiguous columns and factors, rank at most ", MAX_RANK);
-  using Fn = void (*)(const float*, int64_t, int64_t, int64_t, const float*, int64_t, const float*, int64_t, float*,
-                      int64_t, float);
-  static const Fn fns[3] = {plain::low_rank_rows, avx2::low_rank_rows, avx512::low_rank_rows};
-  fns[static_cast<int>(chosen(use))](x.data_ptr<float>(), x.stride(0), x.size(0), x.size(1), a.data_ptr<float>(),
-                                     a.size(0), bt.data_ptr<float>(), bt.size(1), out.data_ptr<float>(), out.stride(0),
-                                     static_cast<float>(scale));
+  low_rank_rows_at(x.data_ptr<float>(), x.stride(0), x.size(0), x.size(1), a.data_ptr<float>(), a.size(0),
+                   bt.data_ptr<float>(), bt.size(1), out.data_ptr<float>(), out.stride(0), static_cast<float>(scale),
+                   use);
 }
 
 }  // namespace sbd_products

@@ -100,9 +100,9 @@ SBD_ROWS(int4_rows, int4_block, uint8_t)
 SBD_ROWS(f32_rows, f32_block, float)
 #undef SBD_ROWS
 
-// out rows += scale · ((x rows · aᵀ) · bt), each row alone (products.h's low_rank_add): t_j = x · a_j over K in 16
-// lanes, in order, the lanes added in their fixed tree, the last K % 16 after it one by one; then each output
-// out_n + scale · Σ_j t_j · bt[j, n], j in order, 16 outputs at a time and the last N % 16 alike one by one
+// out rows += scale · ((x rows · aᵀ) · bt), each row alone (products.h's low_rank_add): t_j = x · a_j over K
+// in 16 lanes, in order, the lanes added in their fixed tree, the last K % 16 after it one by one; then each
+// output out_n + scale · Σ_j t_j · bt[j, n], j in order, 16 outputs at a time and the last N % 16 alike
 inline void low_rank_rows(const float* x, int64_t xs, int64_t R, int64_t K, const float* a, int64_t r, const float* bt,
                           int64_t N, float* out, int64_t os, float scale) {
   float t[MAX_RANK];
