@@ -10,9 +10,9 @@ turns prompt by prompt in one process after a warm-up call each.
 --forwards both: every configuration also through transformers' own modules (engine={"lean": False}), in the
 same turns: sbd's own forward of Llama-family models (`sbd.decoding.llama_forward`) against what it replaces.
 
---accuracy N instead: N held-out questions of --task (gsm_symbolic by default; mixed: five tasks in turns; bare,
-through the chat template, --max-answer-tokens tokens), NTP in each format (sbd-verify gives the same tokens), final answers scored by
-reasoning-gym and compared with float32's final answers; int8 and int4 also on torch's kernels instead of
+--accuracy N instead: N held-out questions of --task (gsm_symbolic by default; all: sbd's five tasks in turns;
+bare, through the chat template, --max-answer-tokens tokens), NTP in each format (sbd-verify gives the same
+tokens), final answers scored by reasoning-gym and compared with float32's final answers; int8 and int4 also on torch's kernels instead of
 sbd's own products (`sbd.models.quantized`), and how many answers the two kernels write alike. Writes
 accuracy.md (accuracy_TASK.md for another task).
 
@@ -50,7 +50,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--accuracy", type=int, default=0, help="score N held-out questions of --task instead")
     ap.add_argument("--task", default="gsm_symbolic", help="the task --accuracy scores (sbd.tasks: gsm_symbolic, "
-                    "chain_sum, basic_arithmetic, number_sorting, word_sequence_reversal; mixed: all five in turns)")
+                    "chain_sum, basic_arithmetic, number_sorting, word_sequence_reversal; all: the five in turns)")
     ap.add_argument("--max-answer-tokens", type=int, default=256, help="--accuracy: the budget of each answer")
     ap.add_argument("--forwards", choices=("sbd", "both"), default="sbd",
                     help="sbd: sbd's own forward where it supports the model (the default); both: also every "
@@ -117,7 +117,7 @@ def main() -> None:
     print("\n".join(lines))
 
 
-MIXED = ("gsm_symbolic", "chain_sum", "basic_arithmetic", "number_sorting", "word_sequence_reversal")
+ALL_TASKS = ("gsm_symbolic", "chain_sum", "basic_arithmetic", "number_sorting", "word_sequence_reversal")
 
 
 def accuracy(models, args, torch) -> None:
@@ -126,9 +126,9 @@ def accuracy(models, args, torch) -> None:
     from sbd.tasks.format import final_answer
     from sbd.tasks.splits import make_split
 
-    if args.task == "mixed":  # the five tasks in turns, each question scored by its own task
-        share = -(-args.accuracy // len(MIXED))
-        per_task = [[(task, ex) for ex in make_split(task, "test", share, 0)] for task in MIXED]
+    if args.task == "all":  # the five tasks in turns, each question scored by its own task
+        share = -(-args.accuracy // len(ALL_TASKS))
+        per_task = [[(task, ex) for ex in make_split(task, "test", share, 0)] for task in ALL_TASKS]
         examples = [pair for group in zip(*per_task) for pair in group][: args.accuracy]
     else:
         examples = [(args.task, ex) for ex in make_split(args.task, "test", args.accuracy, 0)]
@@ -146,12 +146,13 @@ def accuracy(models, args, torch) -> None:
         print(f"question {i + 1}/{len(examples)} done", file=sys.stderr, flush=True)
     n = len(examples)
     base = right["float32"]
+    asked = f"questions of {', '.join(ALL_TASKS)} in turns" if args.task == "all" else f"{args.task} questions"
     lines = ["# Quantized weights: what they do to SmolLM2-135M-Instruct's final answers", "",
              f"Command: `python benchmarks/quantized_decoding.py --accuracy {n} --task {args.task} --max-answer-tokens "
              f"{args.max_answer_tokens} --out {args.out}`  ",
              f"Machine: {machine()}, {args.threads} threads, torch {torch.__version__}, "
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}  ",
-             f"{n} held-out {'questions of ' + ', '.join(MIXED) + ' in turns' if args.task == 'mixed' else args.task + ' questions'} (seed 0), bare, through the chat template, NTP greedy, "
+             f"{n} held-out {asked} (seed 0), bare, through the chat template, NTP greedy, "
              f"{args.max_answer_tokens} tokens "
              "(sbd-verify gives the same tokens of each format: results.md). float32 is the GGUF's Q4_1 weights "
              "dequantized, as `sbd import` writes them; defaults: the same numbers held in the file's own int4/int8 "

@@ -96,7 +96,7 @@ def _factors(a_t, b_t) -> tuple:
     """(A, Bᵀ) contiguous, float32, for `low_rank_add`; (None, None) for another dtype or no update."""
     if a_t is None or a_t.dtype != torch.float32 or b_t.dtype != torch.float32 or a_t.shape[1] > MAX_RANK:
         return None, None
-    a = a_t.t() if a_t.t().is_contiguous() else a_t.t().contiguous()
+    a = a_t.t().contiguous()  # the adapter's A itself (r, in), as it is stored
     if b_t.is_contiguous():
         return a, b_t
     base = b_t._base if b_t._base is not None else b_t
