@@ -7,18 +7,20 @@ import torch
 
 import sbd
 from conftest import DEVICE, _model, attach_random_adapter, blocks, random_prompts
-from sbd.decoding import native_layers
+from sbd.decoding import native_layers, own_kernels
 from sbd.decoding.forward import ModelForward
 from sbd.errors import SBDError
 from sbd.models import quantized
 
 
 @pytest.fixture(autouse=True)
-def torchs_adapter_update(monkeypatch):
+def torchs_update_and_kernels(monkeypatch):
     """On a CPU sbd's forward runs its decoder layers from C++, whose adapter update at a block's rows is its own
-    loop by default (`native_layers.OWN_UPDATE`); here it is torch's, as the hooks compute it, so that every
-    position can be compared bit for bit (tests/test_native_layers.py checks the own loop)."""
+    loop by default (`native_layers.OWN_UPDATE`), and its attention, norms and activation are sbd's own kernels
+    (`own_kernels.OWN`); here all are torch's, as transformers computes them, so that every position can be
+    compared bit for bit (tests/test_native_layers.py and tests/test_own_kernels.py check sbd's own)."""
     monkeypatch.setattr(native_layers, "OWN_UPDATE", False)
+    monkeypatch.setattr(own_kernels, "OWN", False)
 
 LEAN = ("llama", "qwen2", "mistral")
 

@@ -5,7 +5,10 @@ in them. A SmolLM2-135M step with int4 weights took 10.8 ms through transformers
 kernels (int4 and int8 products, attention) took ~4.3 ms; the rest was module calls, keyword plumbing,
 a bfloat16 cast per quantized layer on the way in and a float32 cast on the way out, and the rotary
 embedding rebuilt per layer. This forward runs the same operations on the same weights, in the same
-order, and gives bit for bit transformers' logits (tests/test_llama_forward.py), in 7.5 ms.
+order, and gives bit for bit transformers' logits (tests/test_llama_forward.py), in 7.5 ms. On a CPU its
+attention, norms and activation run on sbd's own kernels where sbd's extension is loaded
+(`sbd.decoding.own_kernels`: float32, row-invariant, faster); its logits then differ from transformers' by
+rounding (`own_kernels.OWN = False` gives transformers' bits).
 
 What it does differently, each exact:
 - no nn.Module calls inside the decoder layers (the embedding and the output layer are still called as
@@ -37,8 +40,8 @@ import torch
 
 from ..drafters.adapter import adapter_of, gate_output, layer_keys
 from ..models.quantized import QuantizedLinear, joint_product
-from . import native_layers
-from .attention import StepLayout, attend, supports
+from . import native_layers, own_kernels
+from .attention import OWN_PLANS, StepLayout, attend, query_ends, supports
 
 FAMILIES = ("llama", "mistral", "qwen2")
 
@@ -129,6 +132,7 @@ class LlamaForward:
                                 (a.q_proj.out_features, a.k_proj.out_features, a.v_proj.out_features),
                                 (m.gate_proj.out_features, m.up_proj.out_features)))
         self.final_norm = _norm(self.inner.norm)
+        self.own = own_kernels.chosen(model)  # sbd's kernels for every forward of this engine, or None
         self.native = native_layers.bind(self)  # the decoder layers from C++ where they can run (else None)
 
     def foreign_hooks(self) -> bool:
@@ -152,15 +156,18 @@ class LlamaForward:
         # one row, one start: the gated rows of each input are a slice, taken once for the layers sharing it
         rows = (gated and B == 1 and isinstance(start, int) and not torch.is_grad_enabled()
                 and self.adapter.mask_embedding.dtype == h.dtype)
+        own = self.own if not torch.is_grad_enabled() else None  # (no gradients through them)
+        ends = query_ends(layout, B, W) if own is not None and layout.plan in OWN_PLANS else None
+        norm = (lambda n, x: own.norm(x, *n)) if own is not None else _rms_norm
         gate_form = self._gate_form(B, W, start, gated, rows, h) if self.native is not None else None
         if gate_form is not None:
-            done = self.native(h, cos, sin, cache, layout, *gate_form)
+            done = self.native(h, cos, sin, cache, layout, *gate_form, own is not None, ends)
             if done is not None:
-                return self._head(done, logits_to_keep)
+                return self._head(done, logits_to_keep, norm)
         gate = (lambda x: x.view(-1, x.shape[-1])[start:]) if rows else (lambda x: True) if gated else (lambda x: None)
         for i, (norm1, norm2, hd, scaling, act, (q, k, v, o, gate_p, up, down), (qkv, gu), qkv_sizes,
                 gu_sizes) in enumerate(self.layers):
-            x = _rms_norm(norm1, h)
+            x = norm(norm1, h)
             xq, g = self._kernel_input(x, q), gate(x)
             if qkv is not None:  # q and k rotated together: the same elementwise operations on both
                 qk, vs = self._qkv(qkv, (q, k, v), qkv_sizes, x, xq, g, hd, h.dtype)
@@ -174,14 +181,18 @@ class LlamaForward:
                 qs = qs * cos + qs.roll(half, -1) * sin
                 ks = ks * cos + ks.roll(half, -1) * sin
             ks, vs = cache.layers[i].update(ks, vs)
-            att = attend(qs, ks, vs, layout, scaling).transpose(1, 2).reshape(B, W, -1)
+            att = attend(qs, ks, vs, layout, scaling, own, ends).transpose(1, 2).reshape(B, W, -1)
             h = h + self._linear(o, att, self._kernel_input(att, o), gate(att))
-            x = _rms_norm(norm2, h)
+            x = norm(norm2, h)
             xq, g = self._kernel_input(x, gate_p), gate(x)
             yg, yu = _joint(gu, xq, gu_sizes)
-            mid = act(self._linear(gate_p, x, xq, g, yg).to(h.dtype)) * self._linear(up, x, xq, g, yu)
+            if own is not None:
+                mid = own.silu_mul(self._linear(gate_p, x, xq, g, yg).to(h.dtype),
+                                   self._linear(up, x, xq, g, yu).to(h.dtype))
+            else:
+                mid = act(self._linear(gate_p, x, xq, g, yg).to(h.dtype)) * self._linear(up, x, xq, g, yu)
             h = h + self._linear(down, mid, self._kernel_input(mid, down), gate(mid))
-        return self._head(h, logits_to_keep)
+        return self._head(h, logits_to_keep, norm)
 
     def _gate_form(self, B: int, W: int, start, gated: bool, rows: bool, h: torch.Tensor) -> tuple | None:
         """How the native layers apply the adapter's gate in this forward, as the Python layers would:
@@ -198,8 +209,8 @@ class LlamaForward:
         same = next(iter(self.adapter.lora_A.values())).dtype == h.dtype
         return (2, start, None, scale) if B > 1 and same and not torch.is_grad_enabled() else None
 
-    def _head(self, h: torch.Tensor, logits_to_keep: int) -> StepOutput:
-        h = _rms_norm(self.final_norm, h[:, -logits_to_keep:])
+    def _head(self, h: torch.Tensor, logits_to_keep: int, norm=_rms_norm) -> StepOutput:
+        h = norm(self.final_norm, h[:, -logits_to_keep:])
         return StepOutput(self.model.get_output_embeddings()(h))
 
     def _qkv(self, product, entries, sizes: tuple[int, int, int], x: torch.Tensor, xq: torch.Tensor, gate,

@@ -5,7 +5,9 @@ them: ~2,000 small operations (norms, casts, the rotation, views, cache writes),
 calls it and ~0.7 µs from C++, and the Python between them. `sbd/native/decoder_layers.cpp` makes the very
 calls `LlamaForward` makes, in the same order (the norm's last four and the rotation's last three as one loop
 each, rounded alike), so the logits are bit for bit the Python layers' (tests/test_native_layers.py), except
-at a block's rows, where the drafting adapter's update runs on sbd's own loop (`OWN_UPDATE`). The embedding,
+at a block's rows, where the drafting adapter's update runs on sbd's own loop (`OWN_UPDATE`). Both layers attend
+and run their norms and activation on sbd's own kernels where `LlamaForward` chose them (`own_kernels`), else
+on torch's operations. The embedding,
 the rotary tables, the last norm and the output layer stay in Python (the drafting adapter's and the sampler
 head's hooks on them run).
 
@@ -149,9 +151,12 @@ class NativeLayers:
         return self.layers
 
     def __call__(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, layout, gate_mode: int,
-                 gate_start: int, gate_per_row: torch.Tensor | None, adapter_scaling: float) -> torch.Tensor | None:
+                 gate_start: int, gate_per_row: torch.Tensor | None, adapter_scaling: float,
+                 own: bool = False, ends: torch.Tensor | None = None) -> torch.Tensor | None:
         """The hidden states after the decoder layers, or None where this forward's cache or plan is not one
-        the extension runs (the caller then runs the Python layers)."""
+        the extension runs (the caller then runs the Python layers). own: the norms and activation on sbd's
+        kernels (`own_kernels`); ends: the keys each query sees, for sbd's attention kernel
+        (`attention.query_ends`), or None: torch's, as the plan says."""
         layers = self._bound()
         caches = cache.layers
         first = caches[0]
@@ -173,7 +178,7 @@ class NativeLayers:
         out = layers.forward(h, cos, sin, [c._k for c in caches], [c._v for c in caches], lo, hi, visible,
                              -1 if wf is None else wf, None if wf is not None else write_at, plan, layout.length,
                              layout.width, layout.causal_blocks, layout.mask, rows, gate_mode, gate_start,
-                             gate_per_row, adapter_scaling, OWN_UPDATE)
+                             gate_per_row, adapter_scaling, OWN_UPDATE, own, ends)
         if not hasattr(first, "write_from"):
             for c in caches:
                 c.length = visible

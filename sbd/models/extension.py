@@ -104,6 +104,11 @@ def build(background: bool = False):
         return _MODULE["module"]
 
 
+def loaded():
+    """The extension when this process has loaded it already, else None (nothing is built or loaded)."""
+    return _MODULE.get("module")
+
+
 def ready():
     """The extension when it is loaded already, or on disk (loaded now, a fraction of a second); else None,
     and a build starts in the background (once per process) so that a first forward never waits for the

@@ -1,13 +1,17 @@
-// The decoder layers of sbd's Llama forward (sbd/decoding/llama_forward.py), the same ATen operations in the
-// same order, called from C++: the bits are the Python forward's, without the Python between the operations.
+// The decoder layers of sbd's Llama forward (sbd/decoding/llama_forward.py), the same operations in the same
+// order, called from C++: the bits are the Python forward's, without the Python between the operations. Both
+// attend on sbd's own kernel (attention.h) where the forward passes each query's key count, else on torch's.
 //
 // Why: a one-token forward of SmolLM2-135M with int4 weights makes ~2,000 small operations (norms, casts,
 // the rotation, views, cache writes); each costs ~1.4 us called from Python and ~0.7 us from C++, and the
 // Python around them as much again. See sbd/decoding/native_layers.py for what runs here and what does not.
-// It also holds sbd's int8 and int4 products (products.h), which `sbd.models.quantized` calls from Python too.
+// It also holds sbd's int8 and int4 products (products.h) and its attention (attention.h), which
+// `sbd.models.quantized` and `sbd.decoding.attention` call from Python too.
 #include <torch/extension.h>
 
+#include "attention.h"
 #include "products.h"
+#include "rows.h"
 
 #include <algorithm>
 #include <optional>
@@ -70,6 +74,9 @@ struct Step {  // one forward's cache writes, attention plan and adapter gate
   Tensor gate_per_row;
   double adapter_scaling;
   bool own_update;  // the adapter's update on sbd's low_rank_add where it takes it (else torch's two products)
+  bool own;  // the norms and the activation on sbd's kernels (rows.h), else torch's operations
+  Tensor ends;  // (B, W) keys each query sees: attention on sbd's attend_rows (attention.h), whatever the plan; or
+                // undefined: torch's, as the plan says
 };
 
 // weight · (x · rsqrt(var + eps)) over float32 rows: the Python norm's four operations after its mean in one loop,
@@ -198,6 +205,7 @@ Tensor exact(const Tensor& q, const Tensor& k, const Tensor& v, const Step& st, 
 }
 
 Tensor attend(const Tensor& q, const Tensor& k, const Tensor& v, const Step& st, double scale) {
+  if (st.ends.defined()) return sbd_attention::attend_rows(q, k, v, st.ends, scale);
   if (st.plan == "exact") return exact(q, k, v, st, scale);
   if (st.plan == "rows") return sdpa(q, k, v, scale, st.mask);
   int64_t end = st.length + st.width;
@@ -314,17 +322,17 @@ class DecoderLayers {
                  const std::optional<Tensor>& write_at, const std::string& plan, int64_t length, int64_t width,
                  bool causal_blocks, const std::optional<Tensor>& mask, std::vector<int64_t> rows,
                  int64_t gate_mode, int64_t gate_start, const std::optional<Tensor>& gate_per_row,
-                 double adapter_scaling, bool own_update) {
+                 double adapter_scaling, bool own_update, bool own, const std::optional<Tensor>& ends) {
     py::gil_scoped_release unlocked;
     Step st{lo, hi, visible, write_from, write_at.value_or(Tensor()), plan, length, width, causal_blocks,
             mask.value_or(Tensor()), std::move(rows), gate_mode, gate_start, gate_per_row.value_or(Tensor()),
-            adapter_scaling, own_update};
+            adapter_scaling, own_update, own, ends.value_or(Tensor())};
     int64_t B = h.size(0), W = h.size(1);
     auto dtype = h.scalar_type();
     for (size_t i = 0; i < layers_.size(); ++i) {
       const Layer& L = layers_[i];
       int64_t hd = L.head_dim;
-      Tensor x = rms_norm(L.norm1, L.eps1, h);
+      Tensor x = st.own ? sbd_rows::norm(h, L.norm1, L.eps1) : rms_norm(L.norm1, L.eps1, h);
       Tensor xq = kernel_input(x, L.q);
       Tensor qs, ks, vs;
       if (L.qkv.present) {
@@ -364,14 +372,16 @@ class DecoderLayers {
       vc = vc.slice(2, 0, st.visible);
       Tensor att = attend(qs, kc, vc, st, L.scaling).transpose(1, 2).reshape({B, W, -1});
       h = h + linear(L.o, att, kernel_input(att, L.o), st);
-      x = rms_norm(L.norm2, L.eps2, h);
+      x = st.own ? sbd_rows::norm(h, L.norm2, L.eps2) : rms_norm(L.norm2, L.eps2, h);
       xq = kernel_input(x, L.gate);
       Tensor yg, yu;
       if (L.gu.present) {
         auto parts = L.gu.product.product(xq).split_with_sizes(L.gu.sizes, -1);
         yg = parts[0], yu = parts[1];
       }
-      Tensor mid = at::silu(linear(L.gate, x, xq, st, yg).to(dtype)) * linear(L.up, x, xq, st, yu);
+      Tensor mid = st.own ? sbd_rows::silu_mul(linear(L.gate, x, xq, st, yg).to(dtype),
+                                               linear(L.up, x, xq, st, yu).to(dtype))
+                          : at::silu(linear(L.gate, x, xq, st, yg).to(dtype)) * linear(L.up, x, xq, st, yu);
       h = h + linear(L.down, mid, kernel_input(mid, L.down), st);
     }
     return h;
@@ -428,6 +438,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("low_rank_add", &sbd_products::low_rank_add, py::arg("out"), py::arg("x"), py::arg("a"), py::arg("bt"),
         py::arg("scale"), py::arg("use") = -1,
         "in place: out (R, N) += scale * (x (R, K) @ a (r, K)^T) @ bt (r, N), float32, each row alone; use: as int8_mm's");
+  m.def("attend_rows", &sbd_attention::attend_rows, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("ends"),
+        py::arg("scale"), py::arg("use") = -1,
+        "attention of q (B, H, W, D) over k, v (B, Hk, S, D), float32, row (b, h, w) over the first ends[b, w] keys of "
+        "head h / (H / Hk), each row alone in a fixed order: (B, H, W, D); use: as int8_mm's");
+  m.def("norm", &sbd_rows::norm, py::arg("x"), py::arg("weight"), py::arg("eps"), py::arg("use") = -1,
+        "weight · (x · 1/sqrt(mean(x²) + eps)) over x's last dimension, float32, each row alone; use: as int8_mm's");
+  m.def("silu_mul", &sbd_rows::silu_mul, py::arg("g"), py::arg("u"), py::arg("use") = -1,
+        "silu(g) · u, float32, in a fixed order on every instruction set; use: as int8_mm's");
   m.def("isa", [] { return static_cast<int64_t>(sbd_products::isa()); }, "the instruction set the products run: 0, 1 or 2");
   py::class_<DecoderLayers>(m, "DecoderLayers")
       .def(py::init<>())

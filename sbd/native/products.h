@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstring>
 #include <optional>
+#include <vector>
 
 #ifndef AHEAD
 #define AHEAD 4096  // bytes of weights asked for ahead of the ones being summed (reading overlaps arithmetic)
@@ -78,6 +79,27 @@ struct Vec {
     return f;
   }
   static F mul(const F& a, const F& b) { F f; for (int l = 0; l < LANES; ++l) f.v[l] = a.v[l] * b.v[l]; return f; }
+  static F sub(const F& a, const F& b) { F f; for (int l = 0; l < LANES; ++l) f.v[l] = a.v[l] - b.v[l]; return f; }
+  static F div(const F& a, const F& b) { F f; for (int l = 0; l < LANES; ++l) f.v[l] = a.v[l] / b.v[l]; return f; }
+  static F max(const F& a, const F& b) {  // b where a is NaN, as the vector instructions' max
+    F f;
+    for (int l = 0; l < LANES; ++l) f.v[l] = a.v[l] > b.v[l] ? a.v[l] : b.v[l];
+    return f;
+  }
+  static F min(const F& a, const F& b) {  // b where a is NaN, as the vector instructions' min
+    F f;
+    for (int l = 0; l < LANES; ++l) f.v[l] = a.v[l] < b.v[l] ? a.v[l] : b.v[l];
+    return f;
+  }
+  static F nearest(const F& a) { F f; for (int l = 0; l < LANES; ++l) f.v[l] = std::nearbyint(a.v[l]); return f; }
+  static F pow2(const F& n) {  // 2^n for whole n in -126..127
+    F f;
+    for (int l = 0; l < LANES; ++l) {
+      const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n.v[l]) + 127) << 23;
+      std::memcpy(&f.v[l], &bits, 4);
+    }
+    return f;
+  }
   static void halves(const uint16_t* h, float* out, int64_t count) {  // float16s as float32, exactly
     for (int64_t i = 0; i < count; ++i) out[i] = half(h[i]);
   }
@@ -94,6 +116,8 @@ struct Vec {
   static void ahead(const void*) {}
 };
 #include "products_body.h"
+#include "attention_body.h"
+#include "rows_body.h"
 }  // namespace plain
 
 #pragma GCC push_options
@@ -110,6 +134,20 @@ struct Vec {
     return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
   }
   static F mul(const F& a, const F& b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
+  static F sub(const F& a, const F& b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+  static F div(const F& a, const F& b) { return {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
+  static F max(const F& a, const F& b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
+  static F min(const F& a, const F& b) { return {_mm256_min_ps(a.lo, b.lo), _mm256_min_ps(a.hi, b.hi)}; }
+  static F nearest(const F& a) {
+    constexpr int to = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    return {_mm256_round_ps(a.lo, to), _mm256_round_ps(a.hi, to)};
+  }
+  static F pow2(const F& n) {
+    auto one = [](__m256 h) {
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(h), _mm256_set1_epi32(127)), 23));
+    };
+    return {one(n.lo), one(n.hi)};
+  }
   static void halves(const uint16_t* h, float* out, int64_t count) {
     int64_t i = 0;
     for (; i + 8 <= count; i += 8) _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(h + i))));
@@ -138,6 +176,8 @@ struct Vec {
   static void ahead(const void* p) { _mm_prefetch((const char*)p, _MM_HINT_T0); }
 };
 #include "products_body.h"
+#include "attention_body.h"
+#include "rows_body.h"
 }  // namespace avx2
 #pragma GCC pop_options
 
@@ -153,6 +193,14 @@ struct Vec {
   static F fill(float a) { return _mm512_set1_ps(a); }
   static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F sub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static F div(F a, F b) { return _mm512_div_ps(a, b); }
+  static F min(F a, F b) { return _mm512_min_ps(a, b); }
+  static F max(F a, F b) { return _mm512_max_ps(a, b); }
+  static F nearest(F a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+  static F pow2(F n) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+  }
   static void halves(const uint16_t* h, float* out, int64_t count) {
     int64_t i = 0;
     for (; i + 16 <= count; i += 16)
@@ -178,6 +226,8 @@ struct Vec {
   static void ahead(const void* p) { _mm_prefetch((const char*)p, _MM_HINT_T0); }
 };
 #include "products_body.h"
+#include "attention_body.h"
+#include "rows_body.h"
 }  // namespace avx512
 #pragma GCC pop_options
 
