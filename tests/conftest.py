@@ -127,6 +127,17 @@ def _shared_models_left_clean(request):
 
 
 @pytest.fixture(scope="session")
+def ext():
+    """sbd's compiled extension (built above); the test is skipped where it cannot be built here."""
+    from sbd.models import extension
+
+    try:
+        return extension.build()
+    except RuntimeError:
+        pytest.skip("no C++ compiler here: sbd's extension cannot be built (torch's operations run)")
+
+
+@pytest.fixture(scope="session")
 def tokenizer():
     return _tokenizer()
 

@@ -4,8 +4,6 @@ bits on every instruction set, thread count and company (each row alone); the ke
 "open" forward sees (`query_ends`); and the engine's forwards on them: the C++ and Python layers alike,
 sbd-verify with NTP's tokens, and only rounding between them and torch's operations."""
 
-import shutil
-
 import pytest
 import torch
 
@@ -18,13 +16,6 @@ from sbd.models import extension, quantized
 from test_attention import dense_reference, layout_mask
 
 pytestmark = pytest.mark.skipif(DEVICE.type != "cpu", reason="sbd's attention kernel runs on a CPU only")
-
-
-@pytest.fixture(scope="module")
-def ext():
-    if shutil.which("c++") is None:
-        pytest.skip("no C++ compiler here: sbd's extension cannot be built (torch's attention runs)")
-    return extension.build()
 
 
 def _inputs(b, heads, kv_heads, w, s, d, seed, peak=1.0):

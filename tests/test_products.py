@@ -11,17 +11,9 @@ from torch import nn
 
 from conftest import DEVICE
 from sbd.errors import SBDError
-from sbd.models import extension, quantized, tiny
+from sbd.models import quantized, tiny
 
 pytestmark = pytest.mark.skipif(DEVICE.type != "cpu", reason="sbd's products run on a CPU only")
-
-
-@pytest.fixture(scope="module")
-def ext():
-    try:
-        return extension.build()
-    except RuntimeError:
-        pytest.skip("no C++ compiler here: sbd's extension cannot be built (torch's kernels run)")
 
 
 def _int8(ext, n: int, k: int, g: torch.Generator, tail: int = 0):

@@ -1,5 +1,7 @@
 """One decoding forward of SmolLM2 + its drafter through the decoder layers from C++ against the same forward
-through the Python layers (both sbd's own forward, `sbd.decoding.llama_forward`), in turns: NTP steps (w = 1)
+through the Python layers (both sbd's own forward, `sbd.decoding.llama_forward`, both on sbd's own attention,
+norm and activation: `sbd.decoding.own_kernels`) and against eager PyTorch (the Python layers on torch's
+attention, norm and activation; the same weights and products), in turns: NTP steps (w = 1)
 and verifying forwards of w positions, the first committed and the rest a block of masks, over 256 cached
 tokens; medians of --repeats rounds after 3 untimed ones. The C++ layers are sbd's low-overhead static step on a
 CPU: this is what they gain over eager PyTorch, forward for forward (the generation loop, sampling and the
@@ -30,6 +32,7 @@ def main() -> None:
     from sbd.benchmarking.forward_cost import Shape, _attending, _prefilled
     from sbd.decoding.attention import routed
     from sbd.decoding.cache import crop
+    from sbd.decoding import own_kernels
     from sbd.decoding.llama_forward import LlamaForward
     from sbd.drafters.adapter import gated
     from sbd.models import extension
@@ -42,14 +45,19 @@ def main() -> None:
     extension_wanted = extension.wanted
     extension.wanted = lambda: False
     python = LlamaForward(model)
+    own_kernels.OWN = False
+    eager = LlamaForward(model)
+    own_kernels.OWN = True
     extension.wanted = extension_wanted
-    assert native.native is not None and python.native is None
+    assert native.native is not None and python.native is None and eager.native is None
+    assert native.own is not None and python.own is not None and eager.own is None
     widths = [int(w) for w in args.widths.split(",")]
     gen = torch.Generator().manual_seed(0)
     vocab = model.get_input_embeddings().num_embeddings
     from sbd.decoding import native_layers
 
-    settings = (("python", python, True), ("native", native, True), ("native, torch's update", native, False))
+    settings = (("python", python, True), ("native", native, True), ("native, torch's update", native, False),
+                ("eager", eager, True))
     times = {(w, k): [] for w in widths for k, _, _ in settings}
     with torch.inference_mode():
         cache, pad = _prefilled(model, 1, args.cached, max(widths), torch.device("cpu"), gen)
@@ -71,13 +79,13 @@ def main() -> None:
                         times[w, name].append(time.perf_counter() - start)
                     crop(cache, w)
     print(f"SmolLM2-135M + drafter, {held_weights(model)} weights, {args.cached} cached, batch 1, 2 threads, "
-          f"torch {torch.__version__}; medians of {args.repeats} rounds, the two layers in turns")
-    print("| w | Python layers ms | C++ layers ms | C++ / Python speed | C++ layers, the adapter's update on torch's "
-          "products ms |")
-    print("|---:|---:|---:|---:|---:|")
+          f"torch {torch.__version__}; medians of {args.repeats} rounds, the settings in turns")
+    print("| w | eager PyTorch ms | Python layers ms | C++ layers ms | C++ / eager speed | C++ / Python speed | "
+          "C++ layers, the adapter's update on torch's products ms |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     for w in widths:
-        p, n, t = (statistics.median(times[w, k]) for k, _, _ in settings)
-        print(f"| {w} | {1e3 * p:.2f} | {1e3 * n:.2f} | {p / n:.2f}x | {1e3 * t:.2f} |")
+        p, n, t, e = (statistics.median(times[w, k]) for k, _, _ in settings)
+        print(f"| {w} | {1e3 * e:.2f} | {1e3 * p:.2f} | {1e3 * n:.2f} | {e / n:.2f}x | {p / n:.2f}x | {1e3 * t:.2f} |")
 
 
 if __name__ == "__main__":

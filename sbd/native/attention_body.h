@@ -99,7 +99,8 @@ inline void attend_queries(const float* const* q, int n, const float* k, int64_t
 // Query rows r0..r1 of q (B, H, W, D; strides qs) over k, v (B, Hk, S, D; strides ks, vs), rows taken in (b, key/value
 // head, w, query head of its group) order, row (b, h, w) over the first ends[b·W + w] positions of key/value head
 // h / (H / Hk) and written to out laid out (B, W, H, D); the rows of one key/value head that see the same keys (its
-// query heads, a block's columns) taken up to 4 at a time. D = 16·C, C in 1..8 (attention.h checks).
+// query heads, a block's columns) taken up to 4 at a time (2 for heads of 128). D = 16·C, C in 1..8 (attention.h
+// checks).
 inline void attend_rows(const float* q, const int64_t* qs, const float* k, const int64_t* ks, const float* v,
                         const int64_t* vs, const int64_t* ends, int64_t H, int64_t Hk, int64_t W, int64_t D,
                         int64_t S, float scale, float* out, int64_t r0, int64_t r1) {
@@ -113,11 +114,12 @@ inline void attend_rows(const float* q, const int64_t* qs, const float* k, const
   const float* qr[4];
   float* orow[4];
   const int64_t per_head = W * group;  // rows per (b, key/value head)
+  const int most = D / LANES >= 8 ? 2 : 4;  // queries at a time: their C sums each stay in registers
   for (int64_t r = r0; r < r1;) {
     const int64_t b = r / (Hk * per_head), g = r / per_head % Hk, unit_end = r - r % per_head + per_head;
     const int64_t end = ends[b * W + r % per_head / group];
     int n = 0;
-    for (; n < 4 && r + n < std::min(r1, unit_end) && ends[b * W + (r + n) % per_head / group] == end; ++n) {
+    for (; n < most && r + n < std::min(r1, unit_end) && ends[b * W + (r + n) % per_head / group] == end; ++n) {
       const int64_t w = (r + n) % per_head / group, h = g * group + (r + n) % group;
       qr[n] = q + b * qs[0] + h * qs[1] + w * qs[2];
       orow[n] = out + ((b * W + w) * H + h) * D;

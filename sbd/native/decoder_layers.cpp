@@ -303,6 +303,59 @@ Tensor kernel_input(const Tensor& x, const Linear& lin) {
   return lin.kind == 4 || lin.kind == 5 ? flat : flat.to(at::kBFloat16);
 }
 
+// One layer's attention on sbd's kernel from its joint q, k, v product y (B·W rows of q's, k's and v's columns,
+// float32, contiguous), as the other path computes it, on raw rows: q and k rotated as `rotate` does (x·cos, then
+// the rolled x·sin added: three roundings, the same bits), k and v written to the slot cache at the forward's
+// positions, each query over the first ends[b, w] positions (attention.h). Returns (B, W, heads·D). Why: the
+// same steps through tensors took ~20 calls a layer (views, slices, the rotation's two, the cache's copies).
+Tensor rotated_attention(const Tensor& y, const std::vector<int64_t>& sz, int64_t D, const Tensor& cos,
+                         const Tensor& sin, const Tensor& keys, const Tensor& values, const Step& st, double scale,
+                         int64_t B, int64_t W) {
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat && cos.dim() == 4 &&
+                  sin.dim() == 4 && cos.size(2) == W && cos.size(3) == D && sin.sizes() == cos.sizes() &&
+                  cos.stride(3) == 1 && sin.stride(3) == 1,
+              "the rotation's tables: (B or 1, 1, W, D) float32");
+  const int64_t H = sz[0] / D, Hk = sz[1] / D, N = y.size(1), half = D / 2;
+  Tensor q = at::empty({B, W, H, D}, y.options());
+  Tensor att = at::empty({B, W, H * D}, y.options());
+  const float* yp = y.data_ptr<float>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  float* qp = q.data_ptr<float>();
+  float* kp = keys.data_ptr<float>() + st.lo * keys.stride(0);
+  float* vp = values.data_ptr<float>() + st.lo * values.stride(0);
+  const int64_t ks[3] = {keys.stride(0), keys.stride(1), keys.stride(2)};
+  const int64_t vs[3] = {values.stride(0), values.stride(1), values.stride(2)};
+  Tensor at_ = st.write_from >= 0 ? Tensor() : st.write_at.to(at::kLong).contiguous();
+  const int64_t* atp = at_.defined() ? at_.data_ptr<int64_t>() : nullptr;
+  auto turn = [&](const float* x, const float* c, const float* s, float* out) {
+    for (int64_t d = 0; d < D; ++d) {
+      const float straight = x[d] * c[d];
+      const float rolled = x[(d + half) % D] * s[d];
+      out[d] = straight + rolled;
+    }
+  };
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t w = 0; w < W; ++w) {
+      const float* row = yp + (b * W + w) * N;
+      const int64_t cb = cos.size(0) == 1 ? 0 : b;
+      const float* c = cp + cb * cos.stride(0) + w * cos.stride(2);
+      const float* s = sp + cb * sin.stride(0) + w * sin.stride(2);
+      const int64_t pos = atp ? atp[b * W + w] : st.write_from + w;
+      TORCH_CHECK(pos >= 0 && pos < keys.size(2), "a position past the cache");
+      for (int64_t h = 0; h < H; ++h) turn(row + h * D, c, s, qp + ((b * W + w) * H + h) * D);
+      for (int64_t g = 0; g < Hk; ++g) {
+        turn(row + sz[0] + g * D, c, s, kp + b * ks[0] + g * ks[1] + pos * ks[2]);
+        std::memcpy(vp + b * vs[0] + g * vs[1] + pos * vs[2], row + sz[0] + sz[1] + g * D, D * sizeof(float));
+      }
+    }
+  Tensor e = st.ends.contiguous();
+  const int64_t qs[3] = {W * H * D, D, H * D};
+  sbd_attention::attend_rows_at(qp, qs, kp, ks, vp, vs, e.data_ptr<int64_t>(), B, H, Hk, W, D, st.visible, scale,
+                                att.data_ptr<float>());
+  return att;
+}
+
 class DecoderLayers {
  public:
   void add_layer(Tensor norm1, double eps1, Tensor norm2, double eps2, int64_t head_dim, double scaling,
@@ -334,23 +387,29 @@ class DecoderLayers {
       int64_t hd = L.head_dim;
       Tensor x = st.own ? sbd_rows::norm(h, L.norm1, L.eps1) : rms_norm(L.norm1, L.eps1, h);
       Tensor xq = kernel_input(x, L.q);
-      Tensor qs, ks, vs;
+      Tensor qs, ks, vs, att;
       if (L.qkv.present) {
         const auto& sz = L.qkv.sizes;
         Tensor y = L.qkv.product.product(xq).to(dtype);
-        auto parts = y.split_with_sizes(sz, -1);
         const Linear* own[3] = {&L.q, &L.k, &L.v};
         for (int j = 0; j < 3; ++j) {
-          if (own[j]->has_bias) parts[j].add_(own[j]->bias);
+          if (!own[j]->has_bias && (st.gate_mode == 0 || !own[j]->has_update)) continue;
+          Tensor part = y.narrow(1, j == 0 ? 0 : j == 1 ? sz[0] : sz[0] + sz[1], sz[j]);
+          if (own[j]->has_bias) part.add_(own[j]->bias);
           if (st.gate_mode == 0 || !own[j]->has_update) continue;
-          Tensor part = parts[j].view({B, W, -1});
+          part = part.view({B, W, -1});
           part.copy_(add_gated(*own[j], x, part, st));  // in place already in modes 1 and 2 (a copy onto itself: none)
         }
-        Tensor qk = y.slice(1, 0, sz[0] + sz[1]).view({B, W, -1, hd}).transpose(1, 2);
-        vs = y.slice(1, sz[0] + sz[1]).view({B, W, -1, hd}).transpose(1, 2);
-        qk = rotate(qk, cos, sin);
-        qs = qk.slice(1, 0, sz[0] / hd);
-        ks = qk.slice(1, sz[0] / hd);
+        if (st.ends.defined() && y.scalar_type() == at::kFloat && y.is_contiguous() &&
+            keys[i].scalar_type() == at::kFloat && keys[i].stride(3) == 1 && values[i].stride(3) == 1) {
+          att = rotated_attention(y, sz, hd, cos, sin, keys[i], values[i], st, L.scaling, B, W);
+        } else {
+          Tensor qk = y.slice(1, 0, sz[0] + sz[1]).view({B, W, -1, hd}).transpose(1, 2);
+          vs = y.slice(1, sz[0] + sz[1]).view({B, W, -1, hd}).transpose(1, 2);
+          qk = rotate(qk, cos, sin);
+          qs = qk.slice(1, 0, sz[0] / hd);
+          ks = qk.slice(1, sz[0] / hd);
+        }
       } else {
         qs = linear(L.q, x, xq, st).view({B, W, -1, hd}).transpose(1, 2).to(dtype);
         ks = linear(L.k, x, xq, st).view({B, W, -1, hd}).transpose(1, 2).to(dtype);
@@ -358,19 +417,21 @@ class DecoderLayers {
         qs = rotate(qs, cos, sin);
         ks = rotate(ks, cos, sin);
       }
-      // the slot cache's write (sbd/decoding/cache.py, SlotLayer.update)
-      Tensor kc = keys[i].slice(0, st.lo, st.hi), vc = values[i].slice(0, st.lo, st.hi);
-      if (st.write_from >= 0) {
-        kc.slice(2, st.write_from, st.write_from + ks.size(2)).copy_(ks);
-        vc.slice(2, st.write_from, st.write_from + vs.size(2)).copy_(vs);
-      } else {
-        Tensor at_ = st.write_at.unsqueeze(1).unsqueeze(3);
-        kc.scatter_(2, at_.expand_as(ks), ks);
-        vc.scatter_(2, at_.expand({-1, vs.size(1), -1, vs.size(-1)}), vs);
+      if (!att.defined()) {
+        // the slot cache's write (sbd/decoding/cache.py, SlotLayer.update)
+        Tensor kc = keys[i].slice(0, st.lo, st.hi), vc = values[i].slice(0, st.lo, st.hi);
+        if (st.write_from >= 0) {
+          kc.slice(2, st.write_from, st.write_from + ks.size(2)).copy_(ks);
+          vc.slice(2, st.write_from, st.write_from + vs.size(2)).copy_(vs);
+        } else {
+          Tensor at_ = st.write_at.unsqueeze(1).unsqueeze(3);
+          kc.scatter_(2, at_.expand_as(ks), ks);
+          vc.scatter_(2, at_.expand({-1, vs.size(1), -1, vs.size(-1)}), vs);
+        }
+        kc = kc.slice(2, 0, st.visible);
+        vc = vc.slice(2, 0, st.visible);
+        att = attend(qs, kc, vc, st, L.scaling).transpose(1, 2).reshape({B, W, -1});
       }
-      kc = kc.slice(2, 0, st.visible);
-      vc = vc.slice(2, 0, st.visible);
-      Tensor att = attend(qs, kc, vc, st, L.scaling).transpose(1, 2).reshape({B, W, -1});
       h = h + linear(L.o, att, kernel_input(att, L.o), st);
       x = st.own ? sbd_rows::norm(h, L.norm2, L.eps2) : rms_norm(L.norm2, L.eps2, h);
       xq = kernel_input(x, L.gate);
