@@ -8,7 +8,7 @@ CPU: this is what they gain over eager PyTorch, forward for forward (the generat
 prompt's forward excluded; native_layers.py times whole answers). A third setting runs the C++ layers with the
 drafting adapter's update on torch's two products per layer (`native_layers.OWN_UPDATE = False`).
 
-    python benchmarks/probes/native_step.py --weights defaults     # or float32
+    python benchmarks/probes/native_step.py --weights defaults     # or float32; --plan uniform
 """
 
 from __future__ import annotations
@@ -26,17 +26,20 @@ def main() -> None:
     ap.add_argument("--widths", default="1,2,4,8")
     ap.add_argument("--cached", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--plan", choices=("engine", "uniform"), default="engine",
+                    help="engine: the attention plan decoding takes (the exact plan on row-invariant weights: one "
+                         "committed token, then the block); uniform: `sbd forward-cost`'s (open or split)")
     args = ap.parse_args()
 
     import sbd
     from sbd.benchmarking.forward_cost import Shape, _attending, _prefilled
-    from sbd.decoding.attention import routed
+    from sbd.decoding.attention import exact_plan, routed
     from sbd.decoding.cache import crop
     from sbd.decoding import own_kernels
     from sbd.decoding.llama_forward import LlamaForward
     from sbd.drafters.adapter import gated
     from sbd.models import extension
-    from sbd.models.quantized import held_weights
+    from sbd.models.quantized import held_weights, row_invariant
 
     extension.build()
     torch.set_num_threads(2)
@@ -67,6 +70,8 @@ def main() -> None:
             ids = torch.randint(3, vocab, (1, w), generator=gen)
             pos = (args.cached + torch.arange(w))[None]
             kw = _attending(model, s, dict(input_ids=ids, position_ids=pos), pad, args.cached)
+            if args.plan == "engine" and row_invariant(model):
+                kw["sbd_layout"] = exact_plan([(args.cached, w, 1, False)], w, False)
             calls.append((w, s, kw))
         for round_ in range(3 + args.repeats):
             for w, s, kw in calls:
@@ -79,7 +84,8 @@ def main() -> None:
                         times[w, name].append(time.perf_counter() - start)
                     crop(cache, w)
     print(f"SmolLM2-135M + drafter, {held_weights(model)} weights, {args.cached} cached, batch 1, 2 threads, "
-          f"torch {torch.__version__}; medians of {args.repeats} rounds, the settings in turns")
+          f"torch {torch.__version__}; {calls[-1][2]['sbd_layout'].plan} plan at w > 1; medians of {args.repeats} "
+          "rounds, the settings in turns")
     print("| w | eager PyTorch ms | Python layers ms | C++ layers ms | C++ / eager speed | C++ / Python speed | "
           "C++ layers, the adapter's update on torch's products ms |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
