@@ -1,10 +1,10 @@
 """sbd's own CPU kernels for a decoding forward: attention, the RMS norm and the MLP's SiLU-gated product.
 
 Why: on a CPU at batch 1 a small model's forward spends much of its time around its weight products. torch's
-attention takes ~16 µs for one SmolLM2 token over 257 keys and is not row-invariant (the "exact" plan then calls
+attention takes ~19 µs for one SmolLM2 token over 257 keys and is not row-invariant (the "exact" plan then calls
 it once per committed token); its norm is five operations and its activation two. sbd's compiled extension
 (sbd/native/attention.h, rows.h) does each in one loop, in a fixed order on every instruction set, each row
-alone: a held-int4 SmolLM2 answers 6-10% faster, and sbd-verify's committed rows stay bit for bit NTP's.
+alone: a held-int4 SmolLM2 answers 14-18% faster, and sbd-verify's committed rows stay bit for bit NTP's.
 
 Where they run: `LlamaForward` (sbd's engine forward of Llama-family models) asks once, when an engine's
 forward is made, so every forward of a call computes alike; its C++ and Python layers then both run them and

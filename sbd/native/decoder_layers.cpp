@@ -5,8 +5,8 @@
 // Why: a one-token forward of SmolLM2-135M with int4 weights makes ~2,000 small operations (norms, casts,
 // the rotation, views, cache writes); each costs ~1.4 us called from Python and ~0.7 us from C++, and the
 // Python around them as much again. See sbd/decoding/native_layers.py for what runs here and what does not.
-// It also holds sbd's int8 and int4 products (products.h) and its attention (attention.h), which
-// `sbd.models.quantized` and `sbd.decoding.attention` call from Python too.
+// It also holds sbd's int8 and int4 products (products.h), attention (attention.h) and row kernels (rows.h), which
+// `sbd.models.quantized`, `sbd.decoding.attention` and `sbd.decoding.llama_forward` call from Python too.
 #include <torch/extension.h>
 
 #include "attention.h"
@@ -391,14 +391,14 @@ class DecoderLayers {
       if (L.qkv.present) {
         const auto& sz = L.qkv.sizes;
         Tensor y = L.qkv.product.product(xq).to(dtype);
-        const Linear* own[3] = {&L.q, &L.k, &L.v};
+        const Linear* lins[3] = {&L.q, &L.k, &L.v};
         for (int j = 0; j < 3; ++j) {
-          if (!own[j]->has_bias && (st.gate_mode == 0 || !own[j]->has_update)) continue;
+          if (!lins[j]->has_bias && (st.gate_mode == 0 || !lins[j]->has_update)) continue;
           Tensor part = y.narrow(1, j == 0 ? 0 : j == 1 ? sz[0] : sz[0] + sz[1], sz[j]);
-          if (own[j]->has_bias) part.add_(own[j]->bias);
-          if (st.gate_mode == 0 || !own[j]->has_update) continue;
+          if (lins[j]->has_bias) part.add_(lins[j]->bias);
+          if (st.gate_mode == 0 || !lins[j]->has_update) continue;
           part = part.view({B, W, -1});
-          part.copy_(add_gated(*own[j], x, part, st));  // in place already in modes 1 and 2 (a copy onto itself: none)
+          part.copy_(add_gated(*lins[j], x, part, st));  // in place already in modes 1 and 2 (a copy onto itself: none)
         }
         if (st.ends.defined() && y.scalar_type() == at::kFloat && y.is_contiguous() &&
             keys[i].scalar_type() == at::kFloat && keys[i].stride(3) == 1 && values[i].stride(3) == 1) {
