@@ -90,6 +90,12 @@ def head_groups(model) -> int:
     return text.num_attention_heads // (getattr(text, "num_key_value_heads", None) or text.num_attention_heads)
 
 
+def head_size(model) -> int:
+    """The size of one attention head (its config's head_dim, else hidden size over query heads)."""
+    text = model.config.get_text_config(decoder=True)
+    return getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+
+
 def flash_causal(model) -> bool:
     """Whether causal parts may run CUDA's flash kernel directly (it aligns `is_causal` lower-right and
     shares key/value heads natively): CUDA, half precision, head size a multiple of 8 up to 256, and a GPU
@@ -97,8 +103,7 @@ def flash_causal(model) -> bool:
     weight = model.get_input_embeddings().weight
     if weight.device.type != "cuda" or weight.dtype not in (torch.float16, torch.bfloat16):
         return False
-    text = model.config.get_text_config(decoder=True)
-    head = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    head = head_size(model)
     return head % 8 == 0 and head <= 256 and torch.cuda.get_device_capability(weight.device) >= (8, 0)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..models import extension
+from .attention import head_size
 
 # False: torch's operations everywhere, transformers' bits at every position
 OWN = True
@@ -27,8 +28,8 @@ def chosen(model):
     hidden, MLP and head sizes in steps of 16 (heads up to 128), the extension loaded already (nothing waits for
     a build: until it is, torch's operations run)."""
     emb = model.get_input_embeddings().weight
-    config = model.config
-    head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    config = model.config.get_text_config(decoder=True)
+    head = head_size(model)
     sizes = (head, config.hidden_size, config.intermediate_size)
     if not OWN or emb.device.type != "cpu" or emb.dtype != torch.float32 or any(n % 16 for n in sizes) or head > 128:
         return None

@@ -3,8 +3,8 @@
 // Why: in a one-token forward of SmolLM2 torch's norm is five operations (a square, a mean made of a sum and a
 // division, then the scaling) and its activation two, ~30 µs a layer of dispatch for ~3,000 numbers. Here each is
 // one loop, in a fixed order on every instruction set (rows_body.h), each row alone. Both sbd's C++ and Python
-// layers run them where the forward attends on sbd's kernel (sbd/decoding/own_kernels.py), so the two agree bit for
-// bit; their rounding is not torch's.
+// layers run them where sbd's kernels are chosen (sbd/decoding/own_kernels.py), so the two agree bit for bit;
+// their rounding is not torch's.
 #pragma once
 
 #include "products.h"
