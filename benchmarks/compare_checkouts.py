@@ -39,6 +39,11 @@ WORKLOADS = {
                          max_new_tokens=128, chat=True, batch=0, weights="int4"),
     "smollm2-int4-mixed": dict(model="smollm2", prompts="mixed", n=6, max_new_tokens=128, chat=True, batch=0,
                                weights="int4"),
+    # the same two with every layer float32 (`weights="float"`)
+    "smollm2-float": dict(model="smollm2", prompts="task:gsm_symbolic?split=test&n={n}&seed=0", n=6,
+                          max_new_tokens=128, chat=True, batch=0, weights="float"),
+    "smollm2-float-mixed": dict(model="smollm2", prompts="mixed", n=6, max_new_tokens=128, chat=True, batch=0,
+                                weights="float"),
 }
 
 

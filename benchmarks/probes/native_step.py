@@ -70,7 +70,7 @@ def main() -> None:
             ids = torch.randint(3, vocab, (1, w), generator=gen)
             pos = (args.cached + torch.arange(w))[None]
             kw = _attending(model, s, dict(input_ids=ids, position_ids=pos), pad, args.cached)
-            if args.plan == "engine" and row_invariant(model):
+            if args.plan == "engine" and (row_invariant(model) or native.float_invariant):
                 kw["sbd_layout"] = exact_plan([(args.cached, w, 1, False)], w, False)
             calls.append((w, s, kw))
         for round_ in range(3 + args.repeats):

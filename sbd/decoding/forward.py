@@ -156,12 +156,15 @@ class ModelForward:
         # row-invariant linear layers (quantized weights): attention per committed token, so that a wide
         # forward's committed positions are bitwise NTP's one-token forwards ("exact" plan)
         invariant = row_invariant(model)
-        self.exact = self.routed and invariant
         self.why_not_lean = ("it was switched off" if lean is False else None if self.routed else
                              "its attention is not routed through sbd's") or llama_forward.supported(model)
         self.lean = llama_forward.LlamaForward(model) if self.why_not_lean is None else None
         if self.lean is not None and self.lean.foreign_hooks():
             self.lean, self.why_not_lean = None, "its decoder layers carry forward hooks"
+        # float32 layers on sbd's own product (`own_kernels.FloatProduct`) are row-invariant too, in forwards
+        # of up to FLOAT_ROWS positions; tree drafts keep the masked plans there (`inputs`)
+        self.float_exact = self.routed and not invariant and self.lean is not None and self.lean.float_invariant
+        self.exact = self.routed and invariant or self.float_exact
         if invariant and not self.routed:  # else sbd-verify would leave NTP's tokens, silently
             why = ("attention='dense' was asked for" if attention != "auto" else
                    f"its attention is {getattr(model.config, '_attn_implementation', None)!r}, not transformers' 'sdpa'")
@@ -195,8 +198,9 @@ class ModelForward:
         c = torch.tensor([f.n_commit for f in feeds], dtype=torch.long, device=dev)
         j = columns(n, width)
         pos = (L[:, None] + j).clamp_min(0)
-        exact = self.exact and not static
-        if exact and any(f.parents is not None for f in feeds):
+        tree = any(f.parents is not None for f in feeds)
+        exact = self.exact and not static and not (tree and self.float_exact)
+        if exact and tree:
             raise ValueError("tree feeds have no exact attention plan (DecodeSpec refuses trees on quantized weights)")
         flush = not static and len(set(lengths)) == 1 and min(real) == width  # one length, no padding
         uniform = (self.routed and flush and not exact and len({f.n_commit for f in feeds}) == 1

@@ -6,9 +6,9 @@ kernels (int4 and int8 products, attention) took ~4.3 ms; the rest was module ca
 a bfloat16 cast per quantized layer on the way in and a float32 cast on the way out, and the rotary
 embedding rebuilt per layer. This forward runs the same operations on the same weights, in the same
 order, and gives bit for bit transformers' logits (tests/test_llama_forward.py), in 7.5 ms. On a CPU its
-attention, norms and activation run on sbd's own kernels where sbd's extension is loaded
-(`sbd.decoding.own_kernels`: float32, row-invariant, faster); its logits then differ from transformers' by
-rounding (`own_kernels.OWN = False` gives transformers' bits).
+attention, norms, activation and float32 linear layers run on sbd's own kernels where sbd's extension is
+loaded (`sbd.decoding.own_kernels`: float32, row-invariant, faster); its logits then differ from transformers'
+by rounding (`own_kernels.OWN = False` gives transformers' bits).
 
 What it does differently, each exact:
 - no nn.Module calls inside the decoder layers (the embedding and the output layer are still called as
@@ -95,14 +95,22 @@ def _rms_norm(norm: tuple[torch.Tensor, float], x: torch.Tensor) -> torch.Tensor
     return weight * h.to(x.dtype)
 
 
-def _linear_entry(lin, key: str | None, adapter) -> tuple:
+def _linear_entry(lin, key: str | None, adapter, own) -> tuple:
     """(product, quantized, bias, adapter key, (Aᵀ, Bᵀ) of the adapter's update or None): a quantized
     layer's kernel with its tensors bound, and the input it takes ("bfloat16" torch's kernels, "as is" sbd's
-    products), else the layer's own forward and False."""
+    products), else a float layer's forward (on sbd's float32 product where `own` serves it:
+    `own_kernels.FloatProduct`, whose bias is then given for a joint product's columns) and False."""
     update = (adapter.lora_A[key].t(), adapter.lora_B[key].t()) if key is not None else None
     if isinstance(lin, QuantizedLinear):
         return lin.bound_product(), "bfloat16" if lin.takes_bfloat16 else "as is", lin.bias, key, update
+    if own_kernels.takes_float(own, (lin,)):
+        return own_kernels.FloatProduct(own, (lin,)).forward, False, lin.bias, key, update
     return lin.forward, False, None, key, update
+
+
+def _float_joint(own, layers):
+    """sbd's float32 product of float layers sharing an input, in one call, or None (`own_kernels`)."""
+    return own_kernels.FloatProduct(own, layers) if own_kernels.takes_float(own, layers) else None
 
 
 def _joint(product, xq: torch.Tensor | None, sizes: tuple[int, ...]) -> tuple:
@@ -121,18 +129,26 @@ class LlamaForward:
         self.inner = model.model
         self.adapter = adapter_of(model)
         self._keys = keys = layer_keys(self.adapter, model) if self.adapter is not None else {}
+        self.own = own = own_kernels.chosen(model)  # sbd's kernels for every forward of this engine, or None
         self.layers = []  # per layer, what a step reads, bound once (module attribute lookups cost per call)
         for layer in self.inner.layers:
             a, m = layer.self_attn, layer.mlp
             lins = (a.q_proj, a.k_proj, a.v_proj, a.o_proj, m.gate_proj, m.up_proj, m.down_proj)
-            joint = (joint_product(lins[:3]), joint_product(lins[4:6]))  # before the layers' own are bound
+            joint = (joint_product(lins[:3]) or _float_joint(own, lins[:3]),  # before the layers' own are bound
+                     joint_product(lins[4:6]) or _float_joint(own, lins[4:6]))
             self.layers.append((_norm(layer.input_layernorm), _norm(layer.post_attention_layernorm), a.head_dim,
                                 a.scaling, m.act_fn.forward,
-                                tuple(_linear_entry(lin, keys.get(id(lin)), self.adapter) for lin in lins), joint,
+                                tuple(_linear_entry(lin, keys.get(id(lin)), self.adapter, own) for lin in lins), joint,
                                 (a.q_proj.out_features, a.k_proj.out_features, a.v_proj.out_features),
                                 (m.gate_proj.out_features, m.up_proj.out_features)))
         self.final_norm = _norm(self.inner.norm)
-        self.own = own_kernels.chosen(model)  # sbd's kernels for every forward of this engine, or None
+        head = model.get_output_embeddings()
+        self.head = _float_joint(own, (head,))  # the output layer on sbd's float32 product, or None
+        # every linear layer row-invariant in forwards of up to FLOAT_ROWS positions (sbd's float32 product; the
+        # quantized layers are at any width): the engine may then take the "exact" attention plan
+        self.float_invariant = self.head is not None and all(
+            getattr(entry[0], "__func__", None) is own_kernels.FloatProduct.forward
+            for layer in self.layers for entry in layer[5])
         self.native = native_layers.bind(self)  # the decoder layers from C++ where they can run (else None)
 
     def foreign_hooks(self) -> bool:
@@ -169,8 +185,9 @@ class LlamaForward:
                 gu_sizes) in enumerate(self.layers):
             x = norm(norm1, h)
             xq, g = self._kernel_input(x, q), gate(x)
-            if qkv is not None:  # q and k rotated together: the same elementwise operations on both
-                qk, vs = self._qkv(qkv, (q, k, v), qkv_sizes, x, xq, g, hd, h.dtype)
+            jq = self._joint_input(qkv, x, xq, B * W)
+            if jq is not None:  # q and k rotated together: the same elementwise operations on both
+                qk, vs = self._qkv(qkv, (q, k, v), qkv_sizes, x, jq, g, hd, h.dtype)
                 qk = qk * cos + qk.roll(half, -1) * sin
                 qs, ks = qk[:, : qkv_sizes[0] // hd], qk[:, qkv_sizes[0] // hd :]
             else:
@@ -185,7 +202,8 @@ class LlamaForward:
             h = h + self._linear(o, att, self._kernel_input(att, o), gate(att))
             x = norm(norm2, h)
             xq, g = self._kernel_input(x, gate_p), gate(x)
-            yg, yu = _joint(gu, xq, gu_sizes)
+            jg = self._joint_input(gu, x, xq, B * W)
+            yg, yu = _joint(gu if jg is not None else None, jg, gu_sizes)
             if own is not None:
                 mid = own.silu_mul(self._linear(gate_p, x, xq, g, yg).to(h.dtype),
                                    self._linear(up, x, xq, g, yu).to(h.dtype))
@@ -211,7 +229,7 @@ class LlamaForward:
 
     def _head(self, h: torch.Tensor, logits_to_keep: int, norm=_rms_norm) -> StepOutput:
         h = norm(self.final_norm, h[:, -logits_to_keep:])
-        return StepOutput(self.model.get_output_embeddings()(h))
+        return StepOutput(own_kernels.head_logits(self.head, self.model.get_output_embeddings(), h))
 
     def _qkv(self, product, entries, sizes: tuple[int, int, int], x: torch.Tensor, xq: torch.Tensor, gate,
              hd: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -233,6 +251,14 @@ class LlamaForward:
         return qk, y[:, sizes[0] + sizes[1] :].view(B, W, -1, hd).transpose(1, 2)
 
     @staticmethod
+    def _joint_input(joint, x: torch.Tensor, xq: torch.Tensor | None, rows: int) -> torch.Tensor | None:
+        """What a joint product of layers sharing x takes (a quantized one's kernel input; x's rows for sbd's
+        float32 one), or None where it does not run in this forward (none; a float one past its width)."""
+        if joint is None or xq is not None:
+            return xq if joint is not None else None
+        return x.reshape(rows, x.shape[-1]) if joint.runs(rows) else None
+
+    @staticmethod
     def _kernel_input(x: torch.Tensor, entry) -> torch.Tensor | None:
         """The input of a quantized layer as its kernel takes it, once for the layers that share it: bfloat16
         for torch's kernels, as it is for sbd's products; None for a float layer."""
@@ -249,7 +275,7 @@ class LlamaForward:
         arithmetic on them, `gated_update`'s decoding path) or True (any other gate: `gate_output`);
         joint: the layer's columns of a joint product (`_joint`), computed already."""
         product, quantized, bias, key, update = entry
-        if quantized:
+        if quantized or joint is not None:
             y = (product(xq) if joint is None else joint).view(*x.shape[:-1], -1)
             if bias is not None:
                 y = y + bias  # widened to the bias' dtype, as a cast before the add would

@@ -32,6 +32,7 @@ from torch import nn
 from ..models import extension
 from ..models.narrow_linear import NARROWEST, NarrowLinear
 from ..models.quantized import QuantizedLinear
+from . import own_kernels
 
 KINDS = {"int8": 1, "int4": 2}  # on torch's kernels
 SBD_KINDS = {"int8": 4, "int4": 5}  # on sbd's own products (`QuantizedLinear.sbd_kernel`)
@@ -82,11 +83,12 @@ def _linear(entry, lin) -> tuple:
     a_t, b_t = update if update is not None else (None, None)
     own = _factors(a_t, b_t)
     if quantized:
-        return _kind(lin), lin.qweight, lin.kernel_scales, lin.group, lin.bias, a_t, b_t, 0, 0, *own
-    if entry[0].__func__ is NarrowLinear.forward:
+        return _kind(lin), lin.qweight, lin.kernel_scales, lin.group, lin.bias, a_t, b_t, 0, 0, *own, 0
+    f32_rows = own_kernels.FLOAT_ROWS if getattr(entry[0], "__func__", None) is own_kernels.FloatProduct.forward else 0
+    if type(lin) is NarrowLinear:  # (wider than f32_rows, where sbd's float32 product serves it)
         lo = 1 if lin.narrow_single else NARROWEST
-        return 3, lin.weight, None, 0, lin.bias, a_t, b_t, lo, lin.narrow_widest, *own
-    return 0, lin.weight, None, 0, lin.bias, a_t, b_t, 0, 0, *own
+        return 3, lin.weight, None, 0, lin.bias, a_t, b_t, lo, lin.narrow_widest, *own, f32_rows
+    return 0, lin.weight, None, 0, lin.bias, a_t, b_t, 0, 0, *own, f32_rows
 
 
 # Bᵀ laid out as rows, per adapter weight (by identity: the weight, its version, the rows): made again only when
@@ -117,7 +119,9 @@ def _kind(q) -> int:
 def _joint(product, sizes) -> tuple | None:
     if product is None:
         return None
-    return _kind(product), product.weight, product.scales, product.group, list(sizes)
+    if isinstance(product, own_kernels.FloatProduct):
+        return 0, product.layers[0].weight, None, 0, list(sizes), own_kernels.FLOAT_ROWS, product.weights()
+    return _kind(product), product.weight, product.scales, product.group, list(sizes), 0, None
 
 
 class NativeLayers:

@@ -26,6 +26,9 @@ the matrix product, on every thread. Measured on SmolLM2-135M (2-core AMD EPYC, 
 matrix-vector product is the faster one and stays. Long forwards (prefill) and anything that needs
 gradients are left to `torch.nn.functional.linear`.
 
+Where sbd's own kernels serve a model's decoding forwards (`sbd.decoding.own_kernels`), its float32 layers take
+sbd's float32 product instead in forwards of up to 32 positions, on every CPU; the narrow path serves the rest.
+
 The result equals `F.linear` up to float rounding (another summation order), the same kind of
 difference as between a 1-token and a wide forward through `F.linear` itself.
 """

@@ -33,10 +33,16 @@ struct Linear {
   int64_t group = 0;
   int64_t narrow_lo = 2, narrow_hi = 0;  // kind 3: positions per forward that take the narrow path
   bool has_bias = false, has_update = false;
+  // a float32 layer (kinds 0, 3) on sbd's product (f32_mm) in forwards of up to f32_rows positions (0: never),
+  // of `parts` side by side when a joint product (own_kernels.FloatProduct)
+  int64_t f32_rows = 0;
+  std::vector<Tensor> parts;
 
   bool quantized() const { return kind == 1 || kind == 2 || kind == 4 || kind == 5; }
+  bool own_f32(int64_t rows) const { return rows <= f32_rows && !at::GradMode::is_enabled(); }
 
   Tensor product(const Tensor& flat) const {  // the quantized kernels, rows in as `kernel_input` gives them, out alike
+    if (f32_rows > 0) return sbd_products::f32_mm(flat, parts.empty() ? std::vector<Tensor>{weight} : parts);
     if (kind == 4) return sbd_products::int8_mm(flat, weight, scales);
     if (kind == 5) return sbd_products::int4_mm(flat, weight, scales);
     if (kind == 1) return at::_weight_int8pack_mm(flat, weight, scales);
@@ -49,6 +55,8 @@ struct Joint {
   bool present = false;
   Linear product;
   std::vector<int64_t> sizes;
+
+  bool runs(int64_t rows) const { return present && (product.f32_rows == 0 || product.own_f32(rows)); }
 };
 
 struct Layer {
@@ -283,7 +291,7 @@ Tensor add_gated(const Linear& lin, const Tensor& x, const Tensor& out, const St
 // unless the adapter adds to it (llama_forward.LlamaForward._linear).
 Tensor linear(const Linear& lin, const Tensor& x, const Tensor& xq, const Step& st, const Tensor& joint = Tensor()) {
   Tensor y;
-  if (lin.quantized()) {
+  if (lin.quantized() || joint.defined() || (lin.f32_rows > 0 && lin.own_f32(x.size(-1) ? x.numel() / x.size(-1) : 0))) {
     std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
     shape.push_back(-1);
     y = (joint.defined() ? joint : lin.product(xq)).view(shape);
@@ -296,11 +304,12 @@ Tensor linear(const Linear& lin, const Tensor& x, const Tensor& xq, const Step& 
 }
 
 // A quantized layer's input as its kernel takes it: bfloat16 for torch's kernels (kinds 1, 2), as it is for
-// sbd's products (4, 5); none for a float layer (LlamaForward._kernel_input).
+// sbd's products (4, 5) and a float layer on sbd's (f32_rows); none for another float layer
+// (LlamaForward._kernel_input).
 Tensor kernel_input(const Tensor& x, const Linear& lin) {
-  if (!lin.quantized()) return Tensor();
+  if (!lin.quantized() && lin.f32_rows == 0) return Tensor();
   Tensor flat = x.reshape({-1, x.size(-1)});
-  return lin.kind == 4 || lin.kind == 5 ? flat : flat.to(at::kBFloat16);
+  return lin.kind == 1 || lin.kind == 2 ? flat.to(at::kBFloat16) : flat;
 }
 
 // One layer's attention on sbd's kernel from its joint q, k, v product y (B·W rows of q's, k's and v's columns,
@@ -388,7 +397,7 @@ class DecoderLayers {
       Tensor x = st.own ? sbd_rows::norm(h, L.norm1, L.eps1) : rms_norm(L.norm1, L.eps1, h);
       Tensor xq = kernel_input(x, L.q);
       Tensor qs, ks, vs, att;
-      if (L.qkv.present) {
+      if (L.qkv.runs(B * W)) {
         const auto& sz = L.qkv.sizes;
         Tensor y = L.qkv.product.product(xq).to(dtype);
         const Linear* lins[3] = {&L.q, &L.k, &L.v};
@@ -436,7 +445,7 @@ class DecoderLayers {
       x = st.own ? sbd_rows::norm(h, L.norm2, L.eps2) : rms_norm(L.norm2, L.eps2, h);
       xq = kernel_input(x, L.gate);
       Tensor yg, yu;
-      if (L.gu.present) {
+      if (L.gu.runs(B * W)) {
         auto parts = L.gu.product.product(xq).split_with_sizes(L.gu.sizes, -1);
         yg = parts[0], yu = parts[1];
       }
@@ -452,7 +461,7 @@ class DecoderLayers {
 
  private:
   // (kind, weight, scales, group, bias or None, A^T or None, B^T or None, narrow lo, narrow hi, A or None,
-  // B^T contiguous or None)
+  // B^T contiguous or None, f32 rows)
   static Linear to_linear(const py::tuple& t) {
     Linear lin;
     lin.kind = t[0].cast<int64_t>();
@@ -465,10 +474,11 @@ class DecoderLayers {
     if (lin.has_update) lin.a_t = t[5].cast<Tensor>(), lin.b_t = t[6].cast<Tensor>();
     lin.narrow_lo = t[7].cast<int64_t>(), lin.narrow_hi = t[8].cast<int64_t>();
     if (!t[9].is_none()) lin.a_rows = t[9].cast<Tensor>(), lin.bt_rows = t[10].cast<Tensor>();
+    lin.f32_rows = t[11].cast<int64_t>();
     return lin;
   }
 
-  // None, or (kind, weight, scales, group, sizes)
+  // None, or (kind, weight, scales, group, sizes, f32 rows, float32 weights side by side or None)
   static Joint to_joint(const py::object& o) {
     Joint j;
     if (o.is_none()) return j;
@@ -476,9 +486,11 @@ class DecoderLayers {
     j.present = true;
     j.product.kind = t[0].cast<int64_t>();
     j.product.weight = t[1].cast<Tensor>();
-    j.product.scales = t[2].cast<Tensor>();
+    if (!t[2].is_none()) j.product.scales = t[2].cast<Tensor>();
     j.product.group = t[3].cast<int64_t>();
     j.sizes = t[4].cast<std::vector<int64_t>>();
+    j.product.f32_rows = t[5].cast<int64_t>();
+    if (!t[6].is_none()) j.product.parts = t[6].cast<std::vector<Tensor>>();
     return j;
   }
 
@@ -495,6 +507,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_mm", &sbd_products::int4_mm, py::arg("x"), py::arg("w"), py::arg("dm"), py::arg("use") = -1,
         "x (M, K) · int4 w (N, K/2 packed by int4_pack) as q·d + m with float16 (d, m) per group of 32 (N, K/32, 2): "
         "(M, N) in x's dtype");
+  m.def("f32_mm", &sbd_products::f32_mm, py::arg("x"), py::arg("ws"), py::arg("use") = -1,
+        "x (M, K) against float32 weights ws [(N_j, K), ...] side by side, each output one sum over K in order, each "
+        "row alone: (M, Σ N_j) in x's dtype; use: as int8_mm's");
   m.def("int4_pack", &sbd_products::int4_pack, "int4 values (N, K), 0..15, in int4_mm's layout");
   m.def("low_rank_add", &sbd_products::low_rank_add, py::arg("out"), py::arg("x"), py::arg("a"), py::arg("bt"),
         py::arg("scale"), py::arg("use") = -1,

@@ -20,12 +20,16 @@
 #include <torch/extension.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <optional>
 #include <vector>
 
+#ifndef F32_AHEAD
+#define F32_AHEAD 8192
+#endif
 #ifndef AHEAD
 #define AHEAD 4096  // bytes of weights asked for ahead of the ones being summed (reading overlaps arithmetic)
 #endif
@@ -296,6 +300,39 @@ inline at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& w, const at::Te
   }
   static const Rows<int8_t> rows[3] = {plain::int8_rows, avx2::int8_rows, avx512::int8_rows};
   return run<int8_t>(x, w, scale, t, use, 256, rows);
+}
+
+// x (M, K) float32 or bfloat16 against the float32 weights ws (N_j, K) side by side: (M, Σ N_j) in x's dtype, each
+// output one sum over K in order, as int8_mm's on the weights as they are (the layers sharing an input, e.g. q, k
+// and v, in one call without joining their weights). Row-invariant, unlike a float32 matrix product of torch's:
+// a row of many is bit for bit the row alone. use: as int8_mm's.
+inline at::Tensor f32_mm(const at::Tensor& x, const std::vector<at::Tensor>& ws, int64_t use = -1) {
+  TORCH_CHECK(x.dim() == 2 && x.is_cpu() && x.size(1) % 16 == 0 && !ws.empty(),
+              "f32_mm: x (M, K) on a CPU, K a multiple of 16, and at least one weight");
+  const int64_t M = x.size(0), K = x.size(1);
+  std::vector<at::Tensor> wc;
+  std::vector<int64_t> at_col;  // each weight's first output column
+  int64_t N = 0;
+  for (const at::Tensor& w : ws) {
+    TORCH_CHECK(w.dim() == 2 && w.size(1) == K && w.is_cpu() && w.scalar_type() == at::kFloat,
+                "f32_mm: float32 weights (N, K) on a CPU");
+    wc.push_back(w.contiguous());
+    at_col.push_back(N);
+    N += w.size(0);
+  }
+  static const Rows<float> rows[3] = {plain::f32_rows, avx2::f32_rows, avx512::f32_rows};
+  const Rows<float> fn = rows[static_cast<int>(chosen(use))];
+  at::Tensor xf = x.to(at::kFloat).contiguous();
+  at::Tensor out = at::empty({M, N}, x.options().dtype(at::kFloat));
+  const float* xp = xf.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) {
+    for (size_t j = 0; j < wc.size(); ++j) {  // this stretch of columns, weight by weight
+      const int64_t lo = std::max(n0, at_col[j]), hi = std::min(n1, at_col[j] + wc[j].size(0));
+      if (lo < hi) fn(xp, M, K, wc[j].data_ptr<float>(), nullptr, lo - at_col[j], hi - at_col[j], op + at_col[j], N);
+    }
+  });
+  return x.scalar_type() == at::kFloat ? out : out.to(x.scalar_type());
 }
 
 // x (M, K) float32 or bfloat16, w (N, K / 2) uint8 (`int4_pack`), dm (N, K / 32, 2) float16 (d, m per group of 32

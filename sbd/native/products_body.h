@@ -40,7 +40,11 @@ void int8_block(const float* x, int64_t K, const int8_t* w, const uint16_t* scal
 // float32 weights (the few rows of an output layer that int8 cannot hold exactly), summed alike
 template <int R, int C>
 void f32_block(const float* x, int64_t K, const float* w, const uint16_t*, int64_t n, float* out, int64_t N) {
-  sums<R, C>(x, K, [&](int c, int64_t k) { return Vec::load(w + (n + c) * K + k); }, n, out, N);
+  const char* rows = reinterpret_cast<const char*>(w + n * K);  // these C rows' 4·C·K bytes, in one stretch
+  sums<R, C>(x, K, [&](int c, int64_t k) {
+    if (C == 4 && F32_AHEAD) Vec::ahead(rows + F32_AHEAD + 16 * k + 64 * c);  // 256 bytes a step, F32_AHEAD further on
+    return Vec::load(w + (n + c) * K + k);
+  }, n, out, N);
 }
 
 template <int R, int C>
