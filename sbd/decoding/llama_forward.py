@@ -255,7 +255,7 @@ class LlamaForward:
         """What a joint product of layers sharing x takes (a quantized one's kernel input; x's rows for sbd's
         float32 one), or None where it does not run in this forward (none; a float one past its width)."""
         if joint is None or xq is not None:
-            return xq if joint is not None else None
+            return None if joint is None else xq
         return x.reshape(rows, x.shape[-1]) if joint.runs(rows) else None
 
     @staticmethod

@@ -19,6 +19,7 @@ agree bit for bit. Their rounding is not torch's: the logits differ from transfo
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from ..models import extension
 from ..models.narrow_linear import NarrowLinear
@@ -50,14 +51,13 @@ FLOAT_ROWS = 32
 
 
 def takes_float(own, layers) -> bool:
-    """Whether sbd's float32 product serves these layers (torch's float32 linear layers on a CPU, input sizes
-    in steps of 16, no forward of their own swapped in) for an engine whose kernels are `own`."""
-    from torch import nn
-
+    """Whether sbd's float32 product serves these layers (torch's float32 linear layers on a CPU, contiguous
+    weights, input sizes in steps of 16, no forward of their own swapped in) for an engine whose kernels are
+    `own`. (A weight laid out otherwise would be copied on every call: such a layer keeps torch's product.)"""
     return own is not None and all(
         isinstance(lin, nn.Linear) and type(lin).forward in (nn.Linear.forward, NarrowLinear.forward)
         and "forward" not in lin.__dict__ and lin.weight.dtype == torch.float32 and lin.weight.device.type == "cpu"
-        and lin.in_features % 16 == 0 for lin in layers)
+        and lin.weight.is_contiguous() and lin.in_features % 16 == 0 for lin in layers)
 
 
 class FloatProduct:
